@@ -1,0 +1,90 @@
+"""Engine configuration: one dataclass per concern, validated once, failing early with the field's name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA device is available.")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto`: float32 on CPU (bf16 matmuls are slow there), bfloat16 on GPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}.")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct, GGUF)
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    chat_template: str | None = None
+    served_model_name: str | None = None
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes; the budget on CPU (default 2 GiB), an override on GPU
+    enable_prefix_caching: bool = True
+    swap_space: float = 0.0  # GiB of host memory for swapped-out blocks; 0 = preempt by recompute
+
+    def verify(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}.")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be non-negative, got {self.swap_space}.")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: 8192 on GPU, 2048 on CPU (at least max_num_seqs)
+    policy: str = "fcfs"  # "fcfs" | "priority"
+    max_model_len: int = 0  # filled from the model
+
+    def verify(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}.")
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"
+    attention_backend: str = "auto"  # "auto" | "torch" (the GPU issue adds "triton", "flashinfer")
+    enforce_eager: bool = False
+
+    def verify(self) -> None:
+        self.cache.verify()
+        self.scheduler.verify()

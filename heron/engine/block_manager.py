@@ -1,0 +1,172 @@
+"""Paged KV cache bookkeeping: which physical block holds which part of which sequence.
+
+Pure Python over integers; the tensors live in the model runner. Blocks carry reference counts, so that
+the n samples of a request and requests with a common prefix share blocks. With prefix caching, a full
+block is named by the chained hash of its tokens; when its last user lets go it stays in the free list,
+still findable, until it is evicted (least recently used first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from heron.engine.request import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_cpu_blocks: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
+        # Blocks nobody references, in eviction order: uncached ones first, then cached ones, least
+        # recently used first. An OrderedDict gives O(1) removal when a cached block is hit again.
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.cpu_free: list[int] = list(range(num_cpu_blocks))
+        self.prefix_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_cached(self, seq: Sequence) -> list[int]:
+        """Blocks holding a prefix of `seq`. At least one token is always left to compute, since the
+        model must run on the last prompt token to sample the next one; a block is never written
+        once cached, so a fully cached prompt gives back its last block."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for h in seq.update_block_hashes(self.block_size):
+            block = self.hash_to_block.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        if len(hits) * self.block_size >= len(seq.token_ids):
+            hits.pop()
+        return hits
+
+    # -- allocation --------------------------------------------------------------------------------
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> list[tuple[int, int]] | None:
+        """Make room for `num_new_tokens` more tokens of `seq`, first adopting `cached` prefix blocks
+        (only for a sequence that holds none). Returns the block copies (src, dst) needed before the
+        write — copy-on-write of a shared, partly filled last block — or None when there is no room,
+        in which case nothing changed."""
+        revived = sum(1 for b in cached if self.ref_count[b] == 0)
+        computed = seq.num_computed_tokens + len(cached) * self.block_size
+        needed = self.blocks_needed(computed + num_new_tokens) - len(seq.block_table) - len(cached)
+        cow = computed % self.block_size != 0 and self.ref_count[seq.block_table[computed // self.block_size]] > 1
+        if max(needed, 0) + cow > self.num_free_blocks - revived:
+            return None
+        if cached:
+            assert not seq.block_table, "prefix blocks are adopted only by a sequence with none"
+            for b in cached:
+                self._ref(b)
+            seq.block_table = list(cached)
+            seq.num_computed_tokens = computed
+            self.prefix_hits += computed
+        copies = []
+        if cow:
+            i = computed // self.block_size
+            src, dst = seq.block_table[i], self._pop_free()
+            self.ref_count[src] -= 1
+            seq.block_table[i] = dst
+            copies.append((src, dst))
+        for _ in range(needed):
+            seq.block_table.append(self._pop_free())
+        return copies
+
+    def cache_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
+        """Name the blocks that the last step filled, so later sequences can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = seq.update_block_hashes(self.block_size)
+        end = min(seq.num_computed_tokens // self.block_size, len(hashes))
+        for i in range(num_computed_before // self.block_size, end):
+            block, h = seq.block_table[i], hashes[i]
+            if self.block_hash[block] is None and h not in self.hash_to_block:
+                self.block_hash[block] = h
+                self.hash_to_block[h] = block
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.block_table = list(parent.block_table)
+        for b in child.block_table:
+            self.ref_count[b] += 1
+
+    def free_seq(self, seq: Sequence) -> None:
+        # Tail blocks go first into the free list, so they are evicted before the prefix they extend.
+        for b in reversed(seq.block_table):
+            self._unref(b)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def count_query(self, num_tokens: int) -> None:
+        if self.enable_prefix_caching:
+            self.prefix_queries += num_tokens
+
+    # -- swapping to host memory -----------------------------------------------------------------
+
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= len(self.cpu_free)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move the sequence's blocks to host blocks; returns the (device, host) copies to make."""
+        mapping = [(b, self.cpu_free.pop()) for b in seq.block_table]
+        seq.cpu_block_table = [c for _, c in mapping]
+        for b in reversed(seq.block_table):
+            self._unref(b)
+        seq.block_table = []
+        return mapping
+
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Room for the swapped blocks and for the tokens the sequence computes next."""
+        return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) <= self.num_free_blocks
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring a swapped sequence back into fresh blocks; returns the (host, device) copies to make."""
+        mapping = [(c, self._pop_free()) for c in seq.cpu_block_table]
+        seq.block_table = [b for _, b in mapping]
+        self.cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
+        return mapping
+
+    def free_swapped(self, seq: Sequence) -> None:
+        self.cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _pop_free(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:  # evict: the block's old contents are about to be overwritten
+            del self.hash_to_block[h]
+            self.block_hash[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def _ref(self, block: int) -> None:
+        if self.ref_count[block] == 0:
+            del self.free[block]
+        self.ref_count[block] += 1
+
+    def _unref(self, block: int) -> None:
+        self.ref_count[block] -= 1
+        assert self.ref_count[block] >= 0, f"block {block} freed twice"
+        if self.ref_count[block] == 0:
+            self.free[block] = None
+            if self.block_hash[block] is None:
+                self.free.move_to_end(block, last=False)

@@ -1,0 +1,207 @@
+"""The synchronous engine: add requests, step, read outputs. One step = schedule -> run the model ->
+process the sampled tokens. `LLM` drives it in a loop; `AsyncLLM` drives it from a thread."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from heron.config import EngineConfig, resolve_device
+from heron.engine.block_manager import BlockManager
+from heron.engine.output_processor import OutputProcessor
+from heron.engine.request import Request, Sequence
+from heron.engine.scheduler import Scheduler
+from heron.executor.model_runner import ModelRunner
+from heron.models.config import TransformerConfig
+from heron.models.loader import load_source
+from heron.outputs import RequestOutput
+from heron.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    """Counters since start and gauges now, read by the metrics endpoint and the periodic log line."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        config.verify()
+        self.config = config
+        self.device = resolve_device(config.device)
+        source = load_source(config.model.model, config.model.tokenizer)
+        self.model_name = config.model.served_model_name or source.name
+        self.tokenizer = source.tokenizer
+        if config.model.chat_template is not None and self.tokenizer is not None:
+            self.tokenizer.chat_template = config.model.chat_template
+        self.model_cfg = TransformerConfig.from_hf(source.hf_config)
+        self.max_model_len = self._max_model_len(config.model.max_model_len)
+        sched = config.scheduler
+        sched.max_model_len = self.max_model_len
+        if sched.max_num_batched_tokens is None:
+            sched.max_num_batched_tokens = max(8192 if self.device.type == "cuda" else 2048, sched.max_num_seqs)
+        self.eos_token_ids = _eos_ids(source.generation_config, self.model_cfg, self.tokenizer)
+        self.generation_defaults = {k: source.generation_config[k] for k in
+                                    ("temperature", "top_p", "top_k", "repetition_penalty")
+                                    if k in source.generation_config}
+
+        self.runner = ModelRunner(config, source, self.model_cfg, self.device)
+        num_blocks = self.runner.num_blocks_for_budget()
+        bs = config.cache.block_size
+        if num_blocks * bs < self.max_model_len:
+            raise ValueError(f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
+                             f"({self.max_model_len}): lower max_model_len or give the cache more memory.")
+        num_cpu_blocks = int(config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
+        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, num_cpu_blocks)
+        self.scheduler = Scheduler(sched, self.block_manager)
+        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.rng = random.Random(config.model.seed)
+        self.stats = EngineStats()
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping", num_blocks, bs,
+                    num_blocks * self.runner.bytes_per_block / 2**30, num_cpu_blocks)
+
+    def _max_model_len(self, asked: int | None) -> int:
+        limit = self.model_cfg.max_position_embeddings
+        if asked is None:
+            return limit
+        if not 0 < asked <= limit:
+            raise ValueError(f"max_model_len ({asked}) must be in [1, {limit}], the model's "
+                             f"max_position_embeddings.")
+        return asked
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("This engine has no tokenizer: give prompts as token ids.")
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0,
+                    add_special_tokens: bool = True) -> Request:
+        """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
+        A chat prompt already holds its special tokens: pass add_special_tokens=False."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        params = params or SamplingParams()
+        text, ids = ((prompt, self.tokenize(prompt, add_special_tokens)) if isinstance(prompt, str)
+                     else (None, list(prompt)))
+        if not ids:
+            raise ValueError("The prompt is empty.")
+        if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.model_cfg.vocab_size}).")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"The prompt is {len(ids)} tokens long, but this model's maximum context length "
+                             f"(max_model_len) is {self.max_model_len} tokens, which must also leave room for "
+                             f"at least one output token.")
+        room = self.max_model_len - len(ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"max_tokens ({params.max_tokens}) plus the prompt ({len(ids)} tokens) exceeds "
+                             f"max_model_len ({self.max_model_len}).")
+        params = replace(params, eos_token_ids=self.eos_token_ids)
+        seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
+        req = Request(request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority,
+                      seed=seed)
+        self.requests[request_id] = req
+        self.scheduler.add(req.seqs[0])
+        self.stats.prompt_tokens += len(ids)
+        return req
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its blocks are freed at once. Returns its final output, or None if unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        req.aborted = True
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self._retire(seq)
+        return self._finish_request(req)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns an output for every request that advanced (finished ones last
+        time they appear)."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        now = time.time()
+        for seq in batch.seqs:
+            m = seq.request.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = now
+        result = self.runner.execute(batch)
+        self.scheduler.update(batch)
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        now = time.time()
+        touched: dict[str, Request] = {}
+        for i, seq in enumerate(batch.seqs):
+            req = seq.request
+            if result.prompt_logprobs[i]:
+                req.prompt_logprobs += result.prompt_logprobs[i]
+            prompt_done = seq.num_computed_tokens == seq.num_prompt_tokens and seq.num_output_tokens == 0
+            if not result.sampled[i]:
+                continue
+            seqs = [seq] + (self.scheduler.fork(seq) if prompt_done and seq.pending_forks > 0 else [])
+            lps = result.logprobs[i] or [None] * len(seqs)
+            for s, token, lp in zip(seqs, result.sampled[i], lps):
+                if self.output_processor.append(s, token, lp):
+                    self._retire(s)
+            self.stats.generation_tokens += len(seqs)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.last_token_time = now
+            touched[req.request_id] = req
+        return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)
+                for r in touched.values()]
+
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.output_processor.release(seq)
+
+    def _finish_request(self, req: Request) -> RequestOutput:
+        self.requests.pop(req.request_id, None)
+        req.metrics.finished_time = time.time()
+        reason = req.seqs[0].finish_reason
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        return self.output_processor.make_output(req)
+
+    def get_stats(self) -> EngineStats:
+        s = self.stats
+        s.num_running = len(self.scheduler.running)
+        s.num_waiting = len(self.scheduler.waiting) + len(self.scheduler.swapped)
+        s.kv_cache_usage = self.block_manager.usage
+        s.prefix_cache_queries = self.block_manager.prefix_queries
+        s.prefix_cache_hits = self.block_manager.prefix_hits
+        return s
+
+
+def _eos_ids(generation_config: dict, cfg: TransformerConfig, tokenizer) -> tuple[int, ...]:
+    """EOS tokens: generation_config.json's first (it may list several, as Llama 3 does), else the
+    model config's, else the tokenizer's."""
+    eos = generation_config.get("eos_token_id")
+    if eos is not None:
+        return tuple(eos) if isinstance(eos, list) else (eos,)
+    if cfg.eos_token_ids:
+        return cfg.eos_token_ids
+    return (tokenizer.eos_token_id,) if tokenizer is not None and tokenizer.eos_token_id is not None else ()

@@ -1,0 +1,77 @@
+"""After the sampler: append each new token, detokenize it, decide whether the sequence is done, and
+build the `RequestOutput` the caller sees."""
+
+from __future__ import annotations
+
+from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from heron.engine.request import Request, Sequence
+from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
+        self._stop: dict[int, StopChecker] = {}
+
+    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None) -> bool:
+        """Add one sampled token to `seq`; True when this token finishes it."""
+        p = seq.params
+        seq.token_ids.append(token)
+        if logprobs is not None:
+            seq.output_logprobs.append(logprobs)
+            seq.cumulative_logprob += logprobs[token]
+        n_out = seq.num_output_tokens
+        stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
+        piece = ""
+        if self.tokenizer is not None and not (stopped_by_token and not p.include_stop_str_in_output):
+            detok = self._detok.get(seq.seq_id)
+            if detok is None:
+                detok = self._detok[seq.seq_id] = IncrementalDetokenizer(
+                    self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], p.skip_special_tokens,
+                    p.spaces_between_special_tokens)
+                self._stop[seq.seq_id] = StopChecker(p.stop, p.include_stop_str_in_output)
+            piece = detok.step([token])
+            seq.output_text += piece
+        # Stop strings are looked for in every step's new text, but (as in vLLM) only count once
+        # min_tokens are out.
+        hit = self._stop[seq.seq_id].check(seq.output_text, len(piece)) if p.stop and piece else None
+        if stopped_by_token:
+            seq.finish_reason = "stop"
+            seq.stop_reason = None if token in p.eos_token_ids and token not in p.stop_token_ids else token
+        elif hit and n_out >= p.min_tokens:
+            seq.output_text, seq.stop_reason = hit
+            seq.finish_reason = "stop"
+        elif (p.max_tokens is not None and n_out >= p.max_tokens) or len(seq.token_ids) >= self.max_model_len:
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def release(self, seq: Sequence) -> None:
+        """A finished sequence flushes any text held back for an incomplete character."""
+        detok = self._detok.pop(seq.seq_id, None)
+        if detok is not None and seq.finish_reason != "stop":
+            seq.output_text += detok.flush()
+        self._stop.pop(seq.seq_id, None)
+
+    def visible_text(self, seq: Sequence) -> str:
+        """The text a streaming client may see now: a tail that could still grow into a stop string is
+        held back until it is decided."""
+        if seq.is_finished or not seq.params.stop:
+            return seq.output_text
+        stop = self._stop.get(seq.seq_id)
+        return seq.output_text[: len(seq.output_text) - stop.holdback(seq.output_text)] if stop else seq.output_text
+
+    def make_output(self, request: Request) -> RequestOutput:
+        outputs = [
+            CompletionOutput(
+                index=s.index, text=self.visible_text(s), token_ids=list(s.output_token_ids),
+                cumulative_logprob=s.cumulative_logprob if s.params.logprobs is not None else None,
+                logprobs=list(s.output_logprobs) if s.params.logprobs is not None else None,
+                finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            for s in sorted(request.seqs, key=lambda s: s.index)
+        ]
+        return RequestOutput(
+            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
+            prompt_logprobs=request.prompt_logprobs, outputs=outputs, finished=request.is_finished,
+            metrics=request.metrics, num_cached_tokens=request.seqs[0].num_cached_tokens)

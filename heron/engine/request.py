@@ -1,0 +1,126 @@
+"""A request and its sequences: the unit the scheduler and the block manager work with.
+
+A request with `n > 1` starts as one sequence; when its prompt has been computed the n samples are drawn
+from the same logits and the sequence forks into n, which share the prompt's KV blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from heron.outputs import Logprobs, RequestMetrics
+from heron.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+_seq_ids = itertools.count()
+
+
+class Sequence:
+    def __init__(self, request: Request, index: int, token_ids: list[int]) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request = request
+        self.index = index  # which of the request's n samples
+        self.token_ids = token_ids  # prompt followed by the output so far
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []  # while swapped out
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
+        self.status = SequenceStatus.WAITING
+        self.cumulative_logprob = 0.0
+        self.output_logprobs: list[Logprobs] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.output_text = ""
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.request.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.request.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.request.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def pending_forks(self) -> int:
+        """Samples still to branch off this sequence when its prompt is done (n - 1 before the fork)."""
+        return self.request.params.n - len(self.request.seqs)
+
+    def update_block_hashes(self, block_size: int) -> list[bytes]:
+        """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
+        for i in range(len(self.block_hashes), len(self.token_ids) // block_size):
+            parent = self.block_hashes[i - 1] if i else b""
+            chunk = np.asarray(self.token_ids[i * block_size:(i + 1) * block_size], dtype=np.int64)
+            self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
+        return self.block_hashes
+
+    def fork(self, index: int) -> Sequence:
+        """A sibling at the same point (called when the prompt is done, before any output token)."""
+        child = Sequence(self.request, index, list(self.token_ids))
+        child.num_computed_tokens = self.num_computed_tokens
+        child.block_hashes = list(self.block_hashes)
+        child.status = self.status
+        child.num_cached_tokens = self.num_cached_tokens
+        return child
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.time)
+    priority: int = 0
+    seed: int = 0  # the sampler's seed: params.seed, or drawn from the engine's generator
+    seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: list[Logprobs | None] | None = None
+    aborted: bool = False
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.seqs.append(Sequence(self, 0, list(self.prompt_token_ids)))
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return (self.aborted or len(self.seqs) == self.params.n) and all(s.is_finished for s in self.seqs)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens

@@ -1,0 +1,57 @@
+"""The attention interface: what the model runner gives a backend each step, and what a backend does.
+
+The batch is flat: T new tokens from B sequences, sequence i owning rows
+query_start_loc[i]:query_start_loc[i+1]. Sequence i's keys are its first seq_lens[i] tokens, the new
+ones last, found in the paged cache through block_tables[i]. Each layer's cache is one tensor
+[2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]; `slot_mapping[t]` = block * block_size +
+offset says where token t's K/V go. Backends differ only in how they compute; the scheduler and the
+block manager never see them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    num_seqs: int
+    num_tokens: int
+    query_start_loc: torch.Tensor  # [B + 1] int32, on the device
+    seq_lens: torch.Tensor  # [B] int32, on the device
+    block_tables: torch.Tensor  # [B, max_blocks] int32, on the device
+    slot_mapping: torch.Tensor  # [T] int64, on the device
+    max_query_len: int
+    max_seq_len: int
+    # Host copies of the two length arrays, for backends that plan on the CPU (never read back from
+    # the device: that would be a sync).
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Called once per step before the forward pass (a backend's per-step planning goes here)."""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Write k, v [T, Hkv, D] into kv_cache at meta.slot_mapping, then attend q [T, H, D] causally
+        over each sequence's cached keys. Returns [T, H, D]."""
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)

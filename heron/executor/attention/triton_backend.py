@@ -1,0 +1,100 @@
+"""Attention on our own Triton kernels (heron/kernels): paged KV write, split-KV decode, paged prefill.
+
+Per step (prepare, from the host copies of the lengths: no device read-back) the batch is one of
+  decode   every sequence has one new token: the split-KV decode kernel alone (the CUDA-graph case);
+  prefill  no sequence has exactly one new token: the prefill kernel alone;
+  mixed    both: the decode kernel over all B sequences, skipping on the device those whose query length
+           is not 1, and the prefill kernel skipping those whose query length is 1.
+Two kernels rather than one: a decode row has a single query, so its only parallelism is over the keys
+(split-KV, P partitions + a reduce), while a prefill chunk has parallelism over query tiles and wants
+large M tiles. Selecting rows on the device (each kernel reads query_start_loc and returns for the other
+kind) needs no host-built index lists, no extra copies and no sync, at the cost of a few programs that
+exit at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        # Imported here so that registering the backend never needs Triton where it is not used.
+        from heron.kernels import kv_write, paged_decode, paged_prefill
+
+        self._kv = kv_write
+        self._decode = paged_decode
+        self._prefill = paged_prefill
+        self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
+        self._planned: tuple[AttentionMetadata, str] | None = None
+        self._ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @staticmethod
+    def plan(meta: AttentionMetadata) -> str:
+        """'empty', 'decode', 'prefill' or 'mixed', from host-side values only."""
+        b = meta.num_seqs
+        if b == 0 or meta.num_tokens == 0:
+            return "empty"
+        if meta.max_query_len <= 1:
+            return "decode"
+        qsl = meta.query_start_loc_cpu
+        has_decode = bool(((qsl[1:b + 1] - qsl[:b]) == 1).any())
+        return "mixed" if has_decode else "prefill"
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        self._planned = (meta, self.plan(meta))
+
+    def _mode(self, meta: AttentionMetadata) -> str:
+        if self._planned is None or self._planned[0] is not meta:
+            self.prepare(meta)
+        return self._planned[1]
+
+    def _workspace(self, batch: int, parts: int, device: torch.device):
+        """Split-KV partials, shared by all layers (they run one after another on one stream); grown, never
+        shrunk, so a captured graph's addresses stay valid once the largest batch has been seen."""
+        need = batch * self.num_heads * parts
+        buf = self._ws.get(device)
+        if buf is None or buf[1].numel() < need:
+            buf = (torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
+                   torch.empty(2 * need, dtype=torch.float32, device=device))
+            self._ws[device] = buf
+        o, ml = buf
+        part_o = o[: need * self.head_dim].view(batch, self.num_heads, parts, self.head_dim)
+        part_m = ml[:need].view(batch, self.num_heads, parts)
+        part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
+        return part_o, part_m, part_l
+
+    def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
+        b = meta.num_seqs
+        parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
+        ws = self._workspace(b, parts, q.device) if parts > 1 else None
+        self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
+                                            out=out, num_partitions=parts, query_start_loc=query_start_loc,
+                                            workspace=ws)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        self._kv.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        mode = self._mode(meta)
+        out = torch.empty_like(q)
+        b = meta.num_seqs
+        if q.shape[0] > meta.num_tokens:  # padded rows (a captured graph's batch): defined, not garbage
+            out[meta.num_tokens:].zero_()
+        if mode == "empty":
+            return out
+        if mode == "decode":
+            # All query lengths are 1; row i is sequence i when there are exactly B tokens.
+            qsl = None if meta.num_tokens == b else meta.query_start_loc
+            self._run_decode(q, kv_cache, meta, out, qsl)
+        else:
+            if mode == "mixed":
+                self._run_decode(q, kv_cache, meta, out, meta.query_start_loc)
+            self._prefill.paged_prefill_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b],
+                                                  meta.query_start_loc, meta.max_query_len, self.scale, out=out,
+                                                  skip_decode=mode == "mixed")
+        return out

@@ -1,0 +1,301 @@
+"""Turns a scheduled batch into tensors, runs the model, samples. Owns every tensor: the weights, the
+paged KV cache (and its host-side swap space), the attention backend.
+
+Inputs are built with numpy and copied to the device once per array; the only device-to-host transfer
+of a step is reading the sampled tokens (and their logprobs when asked) at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from heron.config import EngineConfig, resolve_dtype
+from heron.engine.scheduler import ScheduledBatch
+from heron.executor.attention import AttentionMetadata, get_backend_cls
+from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
+from heron.models.config import TransformerConfig
+from heron.models.loader import ModelSource
+from heron.models.registry import get_model_cls
+from heron.outputs import Logprobs
+
+logger = logging.getLogger(__name__)
+
+_CPU_KV_DEFAULT = 2 << 30  # bytes of KV cache on CPU when not told otherwise
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled: list[list[int]]  # per scheduled sequence: its new tokens (n of them when it forks), or []
+    logprobs: list[list[Logprobs]]  # per scheduled sequence, parallel to `sampled` (empty if not asked)
+    prompt_logprobs: list[list[Logprobs]]  # per scheduled sequence: for the prompt positions done this step
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, source: ModelSource, model_cfg: TransformerConfig,
+                 device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = resolve_dtype(config.model.dtype, device)
+        self.model_cfg = model_cfg
+        self.block_size = config.cache.block_size
+        backend_cls = get_backend_cls(config.attention_backend, device.type)
+        self.backend = backend_cls(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim,
+                                   model_cfg.head_dim ** -0.5)
+        self.model = self._load_model(source)
+        self.sampler = Sampler()
+        self.kv_cache: torch.Tensor | None = None
+        self.cpu_kv_cache: torch.Tensor | None = None
+
+    def _load_model(self, source: ModelSource) -> torch.nn.Module:
+        start = time.perf_counter()
+        cls = get_model_cls(self.model_cfg.architecture)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device("meta"):  # no time spent on random init of weights about to be overwritten
+                model = cls(self.model_cfg, self.backend)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to_empty(device=self.device)
+        for module in model.modules():
+            if hasattr(module, "materialize"):
+                module.materialize()
+        with torch.no_grad():
+            model.load_weights(source.weights())
+        model.eval()
+        logger.info("loaded %s (%.0f M parameters, %s) in %.1f s", source.name,
+                    sum(p.numel() for p in model.parameters()) / 1e6, self.dtype, time.perf_counter() - start)
+        return model
+
+    # -- the KV cache ------------------------------------------------------------------------------------------
+
+    @property
+    def bytes_per_block(self) -> int:
+        c = self.model_cfg
+        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+
+    def num_blocks_for_budget(self) -> int:
+        """How many blocks the KV budget holds: an explicit `kv_cache_memory`, else on CPU a fixed
+        default and on GPU what `gpu_memory_utilization` leaves after profiling the largest step."""
+        cache = self.config.cache
+        if cache.kv_cache_memory is not None:
+            budget = cache.kv_cache_memory
+        elif self.device.type == "cpu":
+            budget = _CPU_KV_DEFAULT
+        else:
+            budget = self._profile_free_memory()
+        return int(budget // self.bytes_per_block)
+
+    def _profile_free_memory(self) -> int:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        sched = self.config.scheduler
+        tokens = sched.max_num_batched_tokens
+        seq_len = min(tokens, sched.max_model_len)
+        num_seqs = -(-tokens // seq_len)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        self.allocate_kv_cache(num_seqs * blocks_per_seq, 0)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+        meta, positions = self._dummy_batch(lens, blocks_per_seq)
+        with torch.inference_mode():
+            hidden = self.model(ids, positions, meta)
+            self.model.compute_logits(hidden[: sched.max_num_seqs]).softmax(-1)
+        torch.cuda.synchronize(self.device)
+        peak_without_kv = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
+        self.kv_cache = None
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        other_processes = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes
+        logger.info("profiled a %d-token step: peak %.2f GiB without the KV cache; %.2f GiB left for it",
+                    tokens, peak_without_kv / 2**30, budget / 2**30)
+        if budget <= 0:
+            raise RuntimeError("No GPU memory left for the KV cache: raise gpu_memory_utilization or lower "
+                               "max_num_batched_tokens.")
+        return int(budget)
+
+    def _dummy_batch(self, lens: list[int], blocks_per_seq: int) -> tuple[AttentionMetadata, torch.Tensor]:
+        """Prefill-shaped inputs for profiling: sequences of `lens` tokens, each in its own blocks."""
+        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        tables = np.arange(len(lens) * blocks_per_seq, dtype=np.int32).reshape(len(lens), blocks_per_seq)
+        pos = np.concatenate([np.arange(n) for n in lens])
+        seq = np.repeat(np.arange(len(lens)), lens)
+        slots = tables[seq, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
+        meta = self._metadata(starts, np.asarray(lens, np.int32), tables, slots)
+        return meta, torch.from_numpy(pos).to(self.device)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
+        c = self.model_cfg
+        shape = (c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        # Slots are never read before they are written, so host memory need not be zeroed (which would
+        # touch every page up front); device memory is, as kernels may multiply masked-out values by 0.
+        alloc = torch.zeros if self.device.type == "cuda" else torch.empty
+        self.kv_cache = alloc(shape, dtype=self.dtype, device=self.device)
+        for layer, module in enumerate(self.model.layers):
+            module.self_attn.kv_cache = self.kv_cache[layer]
+        if num_cpu_blocks:
+            self.cpu_kv_cache = torch.zeros((*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.dtype,
+                                            pin_memory=self.device.type == "cuda")
+
+    # -- one step -------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+        self._move_blocks(batch)
+        inputs = self._prepare(batch)
+        hidden = self.model(inputs["input_ids"], inputs["positions"], inputs["meta"])
+        logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
+        num_sample = inputs["num_sample_rows"]
+        out = self.sampler(logits[:num_sample], inputs["sampling"])
+        prompt_lp = None
+        if inputs["prompt_lp_k"] >= 0:
+            prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), inputs["prompt_lp_targets"],
+                                        inputs["prompt_lp_k"])
+        return self._to_host(batch, inputs, out, prompt_lp)
+
+    def _move_blocks(self, batch: ScheduledBatch) -> None:
+        """Swaps and copy-on-write copies, before any of this step's writes."""
+        kv, cpu = self.kv_cache, self.cpu_kv_cache
+        if batch.swap_out:
+            src, dst = zip(*batch.swap_out)
+            cpu[:, :, list(dst)] = kv[:, :, list(src)].to("cpu")
+        if batch.swap_in:
+            src, dst = zip(*batch.swap_in)
+            kv[:, :, list(dst)] = cpu[:, :, list(src)].to(self.device, non_blocking=True)
+        if batch.block_copies:
+            src, dst = zip(*batch.block_copies)
+            kv[:, :, list(dst)] = kv[:, :, list(src)]
+
+    def _metadata(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                  slot_mapping: np.ndarray) -> AttentionMetadata:
+        to = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype, non_blocking=True)
+        meta = AttentionMetadata(
+            num_seqs=len(seq_lens), num_tokens=int(query_start_loc[-1]),
+            query_start_loc=to(query_start_loc, torch.int32), seq_lens=to(seq_lens, torch.int32),
+            block_tables=to(block_tables, torch.int32), slot_mapping=to(slot_mapping, torch.int64),
+            max_query_len=int(np.diff(query_start_loc).max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)),
+            query_start_loc_cpu=torch.from_numpy(query_start_loc), seq_lens_cpu=torch.from_numpy(seq_lens))
+        self.backend.prepare(meta)
+        return meta
+
+    def _prepare(self, batch: ScheduledBatch) -> dict:
+        bs = self.block_size
+        num_tokens = np.asarray(batch.num_tokens, dtype=np.int32)
+        starts = np.asarray([s.num_computed_tokens for s in batch.seqs], dtype=np.int32)
+        seq_lens = starts + num_tokens
+        query_start_loc = np.zeros(len(batch) + 1, dtype=np.int32)
+        np.cumsum(num_tokens, out=query_start_loc[1:])
+        input_ids = np.concatenate([s.token_ids[a:b] for s, a, b in zip(batch.seqs, starts, seq_lens)])
+        # positions and slots, vectorised over tokens
+        seq_of_token = np.repeat(np.arange(len(batch)), num_tokens)
+        positions = np.arange(query_start_loc[-1]) - query_start_loc[seq_of_token] + starts[seq_of_token]
+        max_blocks = max(len(s.block_table) for s in batch.seqs)
+        block_tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
+        for i, s in enumerate(batch.seqs):
+            block_tables[i, : len(s.block_table)] = s.block_table
+        slot_mapping = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        meta = self._metadata(query_start_loc, seq_lens, block_tables, slot_mapping)
+
+        logits_indices, rows = [], []  # rows: (seq, sample index, output position)
+        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
+        for i, s in enumerate(batch.seqs):
+            if seq_lens[i] == len(s.token_ids):
+                width = 1 + max(s.pending_forks, 0) if s.num_output_tokens == 0 and s.index == 0 else 1
+                logits_indices += [query_start_loc[i + 1] - 1] * width
+                rows += [(s, s.index + j, s.num_output_tokens) for j in range(width)]
+            if s.request.needs_prompt_logprobs:
+                # logits at prompt position p score prompt token p + 1
+                last = min(seq_lens[i], s.num_prompt_tokens - 1)
+                positions_here = range(starts[i], last)
+                prompt_lp_indices += [query_start_loc[i] + p - starts[i] for p in positions_here]
+                prompt_lp_targets += s.token_ids[starts[i] + 1: last + 1]
+                prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
+        to = lambda a, dtype: torch.tensor(a, dtype=dtype).to(self.device, non_blocking=True)
+        return {
+            "input_ids": to(input_ids, torch.long),
+            "positions": to(positions, torch.long),
+            "meta": meta,
+            "logits_indices": to(logits_indices + prompt_lp_indices, torch.long),
+            "num_sample_rows": len(rows),
+            "rows": rows,
+            "sampling": self._sampling_tensors(rows),
+            "prompt_lp_k": prompt_lp_k if prompt_lp_indices else -1,
+            "prompt_lp_targets": to(prompt_lp_targets, torch.long),
+        }
+
+    def _sampling_tensors(self, rows: list) -> SamplingTensors:
+        vocab = self.model_cfg.vocab_size
+        dev = self.device
+        params = [s.params for s, _, _ in rows]
+        f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
+        i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        penalized = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
+        prompt_tokens = output_tokens = None
+        if penalized:
+            prompt_tokens = i64(_pad([s.token_ids[: s.num_prompt_tokens] for s, _, _ in rows], vocab))
+            output_tokens = i64(_pad([s.output_token_ids for s, _, _ in rows], vocab))
+        bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
+        for r, (s, _, pos) in enumerate(rows):
+            p = s.params
+            bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
+            if pos < p.min_tokens:
+                bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
+        bias_cols = list(zip(*bias)) if bias else None
+        return SamplingTensors(
+            temperature=f32([p.temperature if not p.greedy else 0.0 for p in params]),
+            top_p=f32([p.top_p for p in params]),
+            top_k=i64(top_k),
+            min_p=f32([p.min_p for p in params]),
+            seeds=i64([s.request.seed for s, _, _ in rows]),
+            counters=i64([(pos << 20) | idx for _, idx, pos in rows]),
+            presence_penalty=f32([p.presence_penalty for p in params]) if penalized else None,
+            frequency_penalty=f32([p.frequency_penalty for p in params]) if penalized else None,
+            repetition_penalty=f32([p.repetition_penalty for p in params]) if penalized else None,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            bias_rows=i64(bias_cols[0]) if bias else None,
+            bias_tokens=i64(bias_cols[1]) if bias else None,
+            bias_values=f32(bias_cols[2]) if bias else None,
+            all_greedy=all(p.greedy for p in params),
+            need_top_k_top_p=any(k < vocab or p.top_p < 1.0 for k, p in zip(top_k, params)),
+            need_min_p=any(p.min_p > 0 for p in params),
+            max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
+        )
+
+    def _to_host(self, batch: ScheduledBatch, inputs: dict, out, prompt_lp) -> ModelRunnerOutput:
+        token_ids = out.token_ids.tolist()  # the step's one sync
+        lp_ids = out.logprob_token_ids.tolist() if out.logprob_token_ids is not None else None
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        sampled: list[list[int]] = [[] for _ in batch.seqs]
+        logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
+        index = {s.seq_id: i for i, s in enumerate(batch.seqs)}
+        for r, (s, _, _) in enumerate(inputs["rows"]):
+            i = index[s.seq_id]
+            sampled[i].append(token_ids[r])
+            if lps is not None and s.params.logprobs is not None:
+                k = 1 + s.params.logprobs
+                logprobs[i].append(dict(zip(lp_ids[r][:k], lps[r][:k])))
+        prompt_logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
+        if prompt_lp is not None:
+            ids, vals = prompt_lp[0].tolist(), prompt_lp[1].tolist()
+            r = 0
+            for i, s in enumerate(batch.seqs):
+                if s.request.needs_prompt_logprobs:
+                    start = int(s.num_computed_tokens)
+                    count = max(min(start + batch.num_tokens[i], s.num_prompt_tokens - 1) - start, 0)
+                    k = 1 + s.params.prompt_logprobs
+                    prompt_logprobs[i] = [dict(zip(ids[r + j][:k], vals[r + j][:k])) for j in range(count)]
+                    r += count
+        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
+
+
+def _pad(rows: list[list[int]], value: int) -> list[list[int]]:
+    width = max((len(r) for r in rows), default=0) or 1
+    return [r + [value] * (width - len(r)) for r in rows]

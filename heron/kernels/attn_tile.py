@@ -1,0 +1,57 @@
+"""The inner step both attention kernels share: one tile of BLOCK_N keys/values gathered from the paged cache
+through a block-table row, folded into a running (online-softmax) accumulator.
+
+Scores are kept in the log2 domain: `qk_scale` is softmax_scale * log2(e), so exp2 replaces exp.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, n0, kv_len, pos,
+                stride_cblk, stride_coff, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASK_LEN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+    """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1.
+    MASK_LEN: keys n >= kv_len are masked (and not loaded). CAUSAL: row r sees keys n <= pos[r]."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    # Token n sits in block bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE; int64 block offsets (the cache
+    # may pass 2**31 elements).
+    if MASK_LEN:
+        n_ok = n < kv_len
+        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE).to(tl.int64)
+    row_off = blk * stride_cblk + (n % BLOCK_SIZE) * stride_coff + kv_head_off
+    kv_off = row_off[:, None] + d[None, :]
+    if MASK_LEN:
+        k = tl.load(k_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + kv_off)
+        v = tl.load(v_cache_ptr + kv_off)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale  # [M, BLOCK_N] f32
+    if CAUSAL:
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+    if MASK_LEN:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+    # Every row has seen at least one unmasked key before or in this tile (callers guarantee it), so m_new
+    # is finite and no exp2(-inf - -inf) occurs.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+LOG2E = 1.4426950408889634
+

@@ -1,0 +1,36 @@
+"""Helpers the kernel wrappers share (host side only)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def dot_upcast() -> bool:
+    """Whether kernels should feed tl.dot float32 operands. Only under the interpreter: its tl.dot on
+    bfloat16 operands returns garbage (numpy has no bfloat16), and numpy's float16 matmul is slow. On a GPU
+    the operands stay in the cache dtype (tensor cores)."""
+    return interpreting()
+
+
+def check_cache(kv_cache: torch.Tensor) -> None:
+    assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2, \
+        f"kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim], got {tuple(kv_cache.shape)}"
+    assert kv_cache.stride(-1) == 1, "kv_cache needs a contiguous head_dim"
+    head_dim, block_size = kv_cache.shape[-1], kv_cache.shape[2]
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, f"head_dim must be a power of two >= 16, got {head_dim}"
+    assert block_size & (block_size - 1) == 0, f"block_size must be a power of two, got {block_size}"
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4

@@ -1,0 +1,214 @@
+"""Paged decode attention (one query token per sequence), split-KV ("flash-decoding").
+
+Kernel 1, grid (B, Hkv, P): program (b, h, p) takes the G = H / Hkv query heads that share KV head h as the
+rows of one [G_PAD, D] tile (G_PAD = max(16, next_pow2(G)): tl.dot needs M >= 16; pad rows are zero and
+never stored), and folds partition p of sequence b's keys into an online softmax, BLOCK_N keys at a time,
+gathered from the paged cache through the block table. Each KV byte is read once for all G heads.
+Partition p covers tiles [p * tpp, (p + 1) * tpp) of the sequence's ceil(seq_len / BLOCK_N) tiles, with
+tpp = ceil(num_tiles / P) computed on the device from seq_lens: long and short sequences are both split
+P ways, and partitions past a short sequence's end return at once.
+
+Kernel 2, grid (B, H): combines the P partial results (normalised output, running max, running sum) with
+the usual log-sum-exp rescaling. With P == 1 kernel 1 writes the output itself and kernel 2 is skipped.
+
+Both grids depend only on (B, Hkv or H, P): nothing host-side that changes per step, so the step can be
+captured in a CUDA graph with P fixed for the captured batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.attn_tile import LOG2E, attend_tile
+from heron.kernels.common import check_cache, dot_upcast, num_sms
+
+
+@triton.jit
+def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+                         part_o_ptr, part_m_ptr, part_l_ptr, qk_scale,
+                         stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+                         stride_cblk, stride_coff, stride_ch,
+                         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr,
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    if USE_QSL:
+        # Mixed batch: this sequence's one query row is at query_start_loc[b]; sequences with more than one
+        # query token belong to the prefill kernel.
+        row = tl.load(qsl_ptr + b)
+        if tl.load(qsl_ptr + b + 1) - row != 1:
+            return
+    else:
+        row = b
+    row = row.to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + b)
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_part = tl.cdiv(num_tiles, NUM_PARTS)
+    t_begin = part * tiles_per_part
+    t_end = tl.minimum(t_begin + tiles_per_part, num_tiles)
+    if NUM_PARTS > 1:
+        if t_begin >= t_end:
+            return
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    g_ok = g < G
+    heads = kvh * G + g
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    kv_head_off = kvh * stride_ch
+    for t in range(t_begin, t_end):
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, t * BLOCK_N,
+                                    seq_len, m_i, stride_cblk, stride_coff, qk_scale,
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST)
+
+    if NUM_PARTS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (a padded row): zeros
+        tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        # Partials are [B, H, P, (D)] float32; l_i >= 1 here (the partition is not empty).
+        idx = (b * NUM_HEADS + heads) * NUM_PARTS + part
+        tl.store(part_o_ptr + idx[:, None] * HEAD_DIM + d[None, :], acc / l_i[:, None], mask=g_ok[:, None])
+        tl.store(part_m_ptr + idx, m_i, mask=g_ok)
+        tl.store(part_l_ptr + idx, l_i, mask=g_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+                          stride_ot, stride_oh,
+                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                          NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, USE_QSL: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    if USE_QSL:
+        row = tl.load(qsl_ptr + b)
+        if tl.load(qsl_ptr + b + 1) - row != 1:
+            return
+    else:
+        row = b
+    row = row.to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # The same split as the main kernel: which partitions wrote something.
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_part = tl.maximum(tl.cdiv(num_tiles, NUM_PARTS), 1)
+    num_valid = tl.cdiv(num_tiles, tiles_per_part)
+    p = tl.arange(0, PARTS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    p_ok = p < num_valid
+    idx = (b * NUM_HEADS + h) * NUM_PARTS + p
+    m = tl.load(part_m_ptr + idx, mask=p_ok, other=float("-inf"))
+    l = tl.load(part_l_ptr + idx, mask=p_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(num_valid > 0, m_max, 0.0)
+    w = tl.where(p_ok, l * tl.exp2(m - m_max), 0.0)
+    o = tl.load(part_o_ptr + idx[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0)
+    denom = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + row * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
+    """KV partitions per sequence: enough (batch_size * num_kv_heads * P) programs for about four per SM,
+    a power of two in [1, 16]. A function of the batch size and the model only, so one captured graph per
+    batch size keeps one value."""
+    want = triton.cdiv(4 * num_sms(device), max(1, batch_size * num_kv_heads))
+    return min(16, triton.next_power_of_2(max(1, want)))
+
+
+def default_block_n(block_size: int) -> int:
+    return max(64, block_size)
+
+
+def make_decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_partitions: int,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 partials (out [B, H, P, D], max [B, H, P], sum [B, H, P]) for split-KV decode. Allocate once
+    (per batch size) and pass it in: a captured graph then keeps fixed addresses."""
+    part_o = torch.empty(batch_size, num_heads, num_partitions, head_dim, dtype=torch.float32, device=device)
+    part_m = torch.empty(batch_size, num_heads, num_partitions, dtype=torch.float32, device=device)
+    part_l = torch.empty(batch_size, num_heads, num_partitions, dtype=torch.float32, device=device)
+    return part_o, part_m, part_l
+
+
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
+                           num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
+                           workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Decode attention over the paged cache.
+
+    q [B, H, D] (one query per sequence, row b is sequence b), or, with `query_start_loc` [B + 1] int32,
+    q [T, H, D] of a mixed batch: sequence b's row is query_start_loc[b] and sequences whose query length is
+    not 1 are skipped (their output rows are left untouched). kv_cache [2, num_blocks, block_size, Hkv, D];
+    block_tables [B, max_blocks] int32; seq_lens [B] int32 (keys per sequence, the query's own included;
+    0 gives zeros). Returns `out` (allocated like q if None). No host-device sync; the grids are
+    (B, Hkv, P) and (B, H).
+    """
+    check_cache(kv_cache)
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    batch = seq_lens.shape[0]
+    num_heads = q.shape[1]
+    assert q.shape[2] == head_dim and num_heads % num_kv_heads == 0
+    assert q.stride(-1) == 1, "q needs a contiguous head_dim"
+    assert block_tables.shape[0] >= batch and block_tables.stride(-1) == 1
+    if query_start_loc is None:
+        assert q.shape[0] >= batch, "q needs one row per sequence"
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.stride(-1) == 1
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    if num_partitions is None:
+        num_partitions = default_num_partitions(batch, num_kv_heads, q.device)
+    block_n = block_n or default_block_n(block_size)
+    if num_partitions > 1:
+        if workspace is None:
+            workspace = make_decode_workspace(batch, num_heads, head_dim, num_partitions, q.device)
+        part_o, part_m, part_l = workspace
+        assert part_o.shape[0] >= batch and part_o.shape[1:] == (num_heads, num_partitions, head_dim)
+        assert part_o.is_contiguous() and part_m.is_contiguous() and part_l.is_contiguous()
+    else:
+        part_o = part_m = part_l = out  # unused
+    use_qsl = query_start_loc is not None
+    qsl = query_start_loc if use_qsl else seq_lens  # a placeholder pointer when unused
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _paged_decode_kernel[(batch, num_kv_heads, num_partitions)](
+        q, k_cache, v_cache, block_tables, seq_lens, qsl, out, part_o, part_m, part_l, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions, USE_QSL=use_qsl,
+        UPCAST=dot_upcast(), num_warps=num_warps, num_stages=num_stages)
+    if num_partitions > 1:
+        _decode_reduce_kernel[(batch, num_heads)](
+            part_o, part_m, part_l, seq_lens, qsl, out, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_PARTS=num_partitions,
+            PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, num_warps=4)
+    return out
+
+
+def paged_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """PyTorch reference: q [B, H, D], one query per sequence attending to all of its seq_lens[b] keys.
+    Computed in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = q.shape[1] // num_kv_heads
+    out = torch.zeros_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        if n <= 0:
+            continue
+        blocks = block_tables[b, : -(-n // block_size)].long()
+        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
+    return out

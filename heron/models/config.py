@@ -1,0 +1,60 @@
+"""The shape of a decoder-only transformer, read once from a Hugging Face `config.json` dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # {"rope_type": "linear" | "llama3", ...}; None for plain RoPE
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on the q/k/v projections (Qwen2)
+    qk_norm: bool  # RMSNorm on each head of q and k before RoPE (Qwen3)
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> TransformerConfig:
+        arch = (hf.get("architectures") or ["?"])[0]
+        heads = hf["num_attention_heads"]
+        # transformers 5 gathers RoPE settings in `rope_parameters`; earlier versions use
+        # `rope_theta` and `rope_scaling`.
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", None) or hf.get("rope_theta", 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ValueError(f"rope_type {rope_type!r} is not supported (supported: default, linear, llama3).")
+        eos = hf.get("eos_token_id")
+        eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", arch.startswith("Qwen2")),
+            qk_norm=arch.startswith("Qwen3"),
+            eos_token_ids=eos,
+            bos_token_id=hf.get("bos_token_id"),
+        )

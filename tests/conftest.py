@@ -1,0 +1,62 @@
+"""Shared fixtures: the embedded model's tokenizer and small random-weight checkpoints in Hugging Face
+folders (Llama, Qwen2, Qwen3), made once per test session. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from heron.models.loader import embedded_model_path
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer():
+    from transformers import AutoTokenizer
+
+    path = embedded_model_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(TINY, vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False)
+    if arch == "llama":
+        return LlamaConfig(**common, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                      "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 64})
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    return Qwen3Config(**common, head_dim=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
+    """`tiny_model_dir(arch)` -> a folder with config.json, model.safetensors and the tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    made: dict[str, str] = {}
+
+    def make(arch: str = "llama") -> str:
+        if arch not in made:
+            torch.manual_seed(0)
+            tok = embedded_tokenizer
+            cfg = _hf_config(arch, len(tok), tok.bos_token_id, tok.eos_token_id)
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+            with torch.no_grad():  # wider weights than the default init, so that logits are not flat
+                for p in model.parameters():
+                    if p.dim() > 1:
+                        p.normal_(0, 0.1)
+            path = tmp_path_factory.mktemp(f"tiny-{arch}")
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+            made[arch] = str(path)
+        return made[arch]
+
+    return make

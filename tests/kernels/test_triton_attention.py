@@ -1,0 +1,281 @@
+"""Heron's Triton kernels against the PyTorch references: KV write, split-KV decode, paged prefill, and the
+"triton" attention backend against the "torch" one. On CPU they run under Triton's interpreter with small
+shapes; the `gpu`-marked variants with production shapes (and CUDA-graph capture) run only on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernel_utils import assert_close, make_batch, make_cache, pick_device  # noqa: E402
+
+from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
+from heron.kernels.kv_write import _kv_write_kernel, write_kv_cache, write_kv_cache_ref  # noqa: E402
+from heron.kernels.paged_decode import paged_decode_attention, paged_decode_ref  # noqa: E402
+from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
+
+DEVICE = pick_device()
+ON_GPU = DEVICE.type == "cuda"
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (large shapes)")
+
+if not ON_GPU and type(_kv_write_kernel).__name__ != "InterpretedFunction":
+    pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
+                "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+
+# (num_heads, num_kv_heads): GQA ratios 1, 4, 8
+GQA = [(4, 4), (8, 2), (16, 2)]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _oracle(q, kv_cache, meta, scale):
+    """torch_ref.paged_attention_ref in float32 (the engine's own oracle)."""
+    return paged_attention_ref(q.float(), kv_cache.float(), meta, scale)
+
+
+def _nan_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(x, float("nan"))
+
+
+# -- KV write ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (3, 128, 32), (1, 64, 8)])
+def test_kv_write_matches_reference(dtype, num_kv_heads, head_dim, block_size):
+    gen = _gen(1)
+    num_blocks, tokens = 12, 37
+    cache = make_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
+    # k, v as the model gives them: views into one fused qkv row (strided, last dim contiguous)
+    qkv = torch.randn(tokens, (4 + 2) * num_kv_heads * head_dim, generator=gen).to(DEVICE, dtype)
+    k = qkv[:, 4 * num_kv_heads * head_dim:5 * num_kv_heads * head_dim].view(tokens, num_kv_heads, head_dim)
+    v = qkv[:, 5 * num_kv_heads * head_dim:].view(tokens, num_kv_heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[[0, 5, 36]] = -1  # padded rows: skipped
+    slots = slots.to(DEVICE)
+    got, want = cache.clone(), cache.clone()
+    write_kv_cache(k, v, got, slots)
+    write_kv_cache_ref(k, v, want, slots)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, cache)
+
+
+# -- decode --------------------------------------------------------------------------------------------------
+
+DECODE_CASES = [
+    # heads, head_dim, block_size, partitions, seq_lens
+    (GQA[0], 64, 16, 1, [1, 17, 50]),
+    (GQA[1], 128, 16, 3, [33, 1, 96, 64]),
+    (GQA[2], 64, 32, 4, [130, 7, 64]),
+    (GQA[2], 128, 16, 2, [5, 100]),
+    (GQA[1], 64, 32, 1, [40, 200]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,head_dim,block_size,parts,seq_lens", DECODE_CASES)
+def test_paged_decode(dtype, heads, head_dim, block_size, parts, seq_lens):
+    num_heads, num_kv_heads = heads
+    gen = _gen(hash((num_heads, head_dim, block_size, parts)) % 2**31)
+    meta = make_batch(seq_lens, [1] * len(seq_lens), block_size, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    scale = head_dim ** -0.5
+    out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
+                                 num_partitions=parts, block_n=16 if not ON_GPU else None)
+    assert_close(out, _oracle(q, cache, meta, scale), dtype, "decode vs torch_ref")
+    assert_close(out, paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale), dtype,
+                 "decode vs paged_decode_ref")
+
+
+def test_paged_decode_empty_sequence_gives_zeros():
+    """A padded batch entry (seq_len 0) yields zeros, not NaN, with one or several partitions."""
+    gen = _gen(3)
+    meta = make_batch([20, 0, 9], [1, 0, 1], 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.float16, DEVICE, gen)
+    q = torch.randn(3, 8, 64, generator=gen).to(DEVICE, torch.float16)
+    for parts in (1, 2):
+        out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),
+                                     num_partitions=parts, block_n=16)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        ref = paged_decode_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
+        assert_close(out, ref, torch.float16, f"P={parts}")
+
+
+def test_paged_decode_skips_prefill_rows_with_query_start_loc():
+    gen = _gen(4)
+    q_lens, seq_lens = [1, 5, 1, 3], [30, 40, 1, 3]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),
+                                 num_partitions=2, query_start_loc=meta.query_start_loc, block_n=16)
+    ref = _oracle(q, cache, meta, 0.125)
+    decode_rows = [0, 6]  # query_start_loc of the sequences with one query token
+    assert_close(out[decode_rows], ref[decode_rows], torch.bfloat16, "decode rows")
+    others = [r for r in range(meta.num_tokens) if r not in decode_rows]
+    assert torch.isnan(out[others]).all(), "rows of prefill sequences must be left to the prefill kernel"
+
+
+# -- prefill -------------------------------------------------------------------------------------------------
+
+PREFILL_CASES = [
+    # heads, head_dim, block_size, seq_lens, q_lens  (q == seq: a fresh prompt; q < seq: a chunk over a prefix)
+    (GQA[0], 64, 16, [19, 40, 1], [19, 9, 1]),
+    (GQA[1], 128, 16, [50, 23, 70], [50, 1, 17]),
+    (GQA[2], 64, 32, [33, 80], [33, 12]),
+    (GQA[2], 128, 16, [21, 5], [4, 5]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,head_dim,block_size,seq_lens,q_lens", PREFILL_CASES)
+def test_paged_prefill(dtype, heads, head_dim, block_size, seq_lens, q_lens):
+    num_heads, num_kv_heads = heads
+    gen = _gen(hash((num_heads, head_dim, block_size, tuple(seq_lens))) % 2**31)
+    meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    scale = head_dim ** -0.5
+    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                  meta.max_query_len, scale, out=_nan_like(q))
+    assert_close(out, _oracle(q, cache, meta, scale), dtype, "prefill vs torch_ref")
+    assert_close(out, paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale),
+                 dtype, "prefill vs paged_prefill_ref")
+
+
+def test_paged_prefill_tiles_and_skip_decode():
+    """Several query tiles per sequence (block_m 32 with GQA 4: 8 tokens a tile), key tiles both unmasked and
+    diagonal; skip_decode leaves one-token sequences alone."""
+    gen = _gen(5)
+    seq_lens, q_lens = [60, 31, 45], [27, 1, 45]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                  meta.max_query_len, 0.125, out=_nan_like(q), skip_decode=True,
+                                  block_m=32, block_n=16)
+    ref = _oracle(q, cache, meta, 0.125)
+    rows = [r for r in range(meta.num_tokens) if r != 27]
+    assert_close(out[rows], ref[rows], torch.bfloat16, "prefill rows")
+    assert torch.isnan(out[27]).all()
+
+
+# -- the backend -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_triton_backend_matches_torch_backend(kind):
+    from heron.executor.attention.triton_backend import TritonAttentionBackend
+
+    gen = _gen(6)
+    num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
+    seq_lens = {"decode": [12, 40, 3], "prefill": [20, 33], "mixed": [25, 7, 40, 1]}[kind]
+    q_lens = {"decode": [1, 1, 1], "prefill": [20, 6], "mixed": [1, 7, 11, 1]}[kind]
+    meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
+    t = meta.num_tokens
+    q = torch.randn(t, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    scale = head_dim ** -0.5
+    tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+    tri.num_partitions = 2 if not ON_GPU else None
+    assert tri.plan(meta) == kind
+    ref_cache = cache.clone().float()
+    want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(
+        q.float(), k.float(), v.float(), ref_cache, meta)
+    got_cache = cache.clone()
+    tri.prepare(meta)
+    got = tri.forward(q, k, v, got_cache, meta)
+    assert torch.equal(got_cache.float(), ref_cache), "KV write differs"
+    assert_close(got, want, dtype, kind)
+
+
+# -- CUDA only: production shapes, CUDA graphs ----------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,block_size", [(128, 16), (64, 16), (128, 32)])
+@pytest.mark.parametrize("heads", [(32, 8), (32, 32), (32, 4)])
+def test_paged_decode_large(heads, head_dim, block_size):
+    num_heads, num_kv_heads = heads
+    gen = _gen(7)
+    batch = 64
+    seq_lens = torch.randint(1, 2049, (batch,), generator=gen).tolist()
+    seq_lens[:3] = [1, 2048, 1024]
+    meta = make_batch(seq_lens, [1] * batch, block_size, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(batch, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    scale = head_dim ** -0.5
+    ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale)
+    for parts in (None, 1, 8):
+        out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
+                                     num_partitions=parts)
+        assert_close(out, ref, torch.bfloat16, f"P={parts}")
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,head_dim", [((32, 8), 128), ((16, 16), 64), ((32, 4), 128)])
+def test_paged_prefill_large(heads, head_dim):
+    num_heads, num_kv_heads = heads
+    gen = _gen(8)
+    seq_lens, q_lens = [1500, 700, 2048, 333, 90], [1500, 200, 512, 1, 90]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    scale = head_dim ** -0.5
+    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                  meta.max_query_len, scale, out=_nan_like(q))
+    ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    assert_close(out, ref, torch.bfloat16, "prefill large")
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_decode_step_replays_in_a_cuda_graph():
+    """Capture kv write + decode once, then change lengths, tables and inputs in place and replay: the
+    result must follow the new values (nothing host-side baked in), including a padded (seq_len 0) row."""
+    from heron.executor.attention.triton_backend import TritonAttentionBackend
+
+    gen = _gen(9)
+    batch, num_heads, num_kv_heads, head_dim, block_size = 16, 32, 8, 128, 16
+    max_len = 1024
+    meta = make_batch([max_len] * batch, [1] * batch, block_size, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(batch, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(batch, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    v = torch.randn_like(k)
+    backend = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5)
+    backend.prepare(meta)
+    backend.forward(q, k, v, cache, meta)  # warm-up: compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, cache, meta)
+
+    for step in range(3):
+        new_lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
+        new_lens[-1] = 0  # a padded entry
+        new = make_batch(new_lens.tolist(), [1] * (batch - 1) + [0], block_size, DEVICE, gen,
+                         extra_blocks=meta.num_blocks - sum(-(-n // block_size) for n in new_lens.tolist()))
+        meta.seq_lens.copy_(new.seq_lens)
+        meta.block_tables.zero_()
+        meta.block_tables[:, : new.block_tables.shape[1]].copy_(new.block_tables)
+        slots = torch.full((batch,), -1, dtype=torch.int64, device=DEVICE)
+        slots[: batch - 1] = new.slot_mapping
+        meta.slot_mapping.copy_(slots)
+        q.copy_(torch.randn(q.shape, generator=gen))
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+        before = cache.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        want_cache = before
+        write_kv_cache_ref(k, v, want_cache, meta.slot_mapping)
+        assert torch.equal(cache, want_cache)
+        ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim ** -0.5)
+        assert_close(out, ref, torch.bfloat16, f"replay {step}")
