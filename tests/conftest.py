@@ -60,3 +60,11 @@ def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
         return made[arch]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def embedded_llm():
+    """One engine on the embedded model for the whole session (loading costs seconds)."""
+    from heron import LLM
+
+    return LLM(kv_cache_memory=512 << 20)

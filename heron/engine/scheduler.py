@@ -88,6 +88,7 @@ class Scheduler:
             self.running.sort(key=self._rank)
 
         # 1. Running sequences, in rank order; the lowest-ranked make room when blocks run out.
+        preempted_before = batch.num_preempted
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -105,8 +106,8 @@ class Scheduler:
             budget -= n
             i += 1
 
-        if batch.num_preempted:
-            return batch  # no admissions in a step that had to preempt: they would be undone next step
+        if batch.num_preempted > preempted_before:
+            return batch  # no admissions in a step that ran out of blocks: they would be undone next step
         seats = self.config.max_num_seqs - sum(self._seats(s) for s in self.running)
 
         # 2. Swapped-out sequences come back before new ones.

@@ -1,4 +1,7 @@
-"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron --version`."""
+"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron --version`.
+
+Each subcommand lives beside the code it drives and registers itself here through `register(subparsers)`,
+setting `func` on its parser."""
 
 from __future__ import annotations
 
@@ -8,30 +11,49 @@ import sys
 from heron.version import __version__
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="heron", description="Heron LLM inference engine")
-    parser.add_argument("--version", action="version", version=f"heron {__version__}")
-    sub = parser.add_subparsers(dest="command")
+def _register_generate(sub) -> None:
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=None)
+    gen.add_argument("--model", default=None, help="HF folder, hub id or .gguf file (default: embedded model)")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    args = parser.parse_args(argv)
-    if args.command == "generate":
-        from heron import LLM, SamplingParams
+    gen.set_defaults(func=_generate)
 
-        llm = LLM(args.model)
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-        if args.chat:
-            out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
-        else:
-            out = llm.generate(args.prompt, params, use_tqdm=False)
-        print(out[0].outputs[0].text)
-        return 0
-    parser.print_help()
+
+def _generate(args: argparse.Namespace) -> int:
+    from heron import LLM, SamplingParams
+
+    llm = LLM(args.model)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+    else:
+        out = llm.generate(args.prompt, params, use_tqdm=False)
+    print(out[0].outputs[0].text)
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from heron.bench import cli as bench_cli
+    from heron.entrypoints.openai import cli as serve_cli
+
+    parser = argparse.ArgumentParser(prog="heron", description="Heron: LLM inference engine and server")
+    parser.add_argument("--version", action="version", version=f"heron {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    serve_cli.register(sub)
+    _register_generate(sub)
+    bench_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 0
+    return args.func(args) or 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from heron.engine.request import Sequence
+
 _M1 = -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
 _M2 = -7723592293110705685  # 0x94d049bb133111eb
 _GOLDEN = -7046029254386353131  # 0x9e3779b97f4a7c15
@@ -58,6 +60,46 @@ class SamplingTensors:
     need_top_k_top_p: bool
     need_min_p: bool
     max_logprobs: int  # -1: no row wants logprobs
+
+    @classmethod
+    def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device) -> SamplingTensors:
+        """rows: (sequence, sample index, output position) for each token to sample."""
+        params = [s.params for s, _, _ in rows]
+        f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
+        i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        penalized = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
+        prompt_tokens = output_tokens = None
+        if penalized:
+            prompt_tokens = i64(_pad([s.token_ids[: s.num_prompt_tokens] for s, _, _ in rows], vocab))
+            output_tokens = i64(_pad([s.output_token_ids for s, _, _ in rows], vocab))
+        bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
+        for r, (s, _, pos) in enumerate(rows):
+            p = s.params
+            bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
+            if pos < p.min_tokens:
+                bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
+        bias_cols = list(zip(*bias)) if bias else None
+        return cls(
+            temperature=f32([p.temperature if not p.greedy else 0.0 for p in params]),
+            top_p=f32([p.top_p for p in params]),
+            top_k=i64(top_k),
+            min_p=f32([p.min_p for p in params]),
+            seeds=i64([s.request.seed for s, _, _ in rows]),
+            counters=i64([(pos << 20) | idx for _, idx, pos in rows]),
+            presence_penalty=f32([p.presence_penalty for p in params]) if penalized else None,
+            frequency_penalty=f32([p.frequency_penalty for p in params]) if penalized else None,
+            repetition_penalty=f32([p.repetition_penalty for p in params]) if penalized else None,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            bias_rows=i64(bias_cols[0]) if bias else None,
+            bias_tokens=i64(bias_cols[1]) if bias else None,
+            bias_values=f32(bias_cols[2]) if bias else None,
+            all_greedy=all(p.greedy for p in params),
+            need_top_k_top_p=any(k < vocab or p.top_p < 1.0 for k, p in zip(top_k, params)),
+            need_min_p=any(p.min_p > 0 for p in params),
+            max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
+        )
 
 
 @dataclass
@@ -130,3 +172,8 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> 
         return token_ids[:, None], chosen
     top_lps, top_ids = logprobs.topk(k, dim=-1)
     return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_lps], 1)
+
+
+def _pad(rows: list[list[int]], value: int) -> list[list[int]]:
+    width = max((len(r) for r in rows), default=0) or 1
+    return [r + [value] * (width - len(r)) for r in rows]

@@ -52,6 +52,8 @@ _BLOCK_TENSORS = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Tensors that only feed the config, never a parameter.
 _CONFIG_TENSORS = {"rope_freqs.weight"}
+_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                  "general.sampling.top_k": "top_k", "general.sampling.penalty_repeat": "repetition_penalty"}
 
 
 def load_gguf(path: str) -> ModelSource:
@@ -92,7 +94,10 @@ def load_gguf(path: str) -> ModelSource:
             except Exception as e:
                 raise ValueError(f"GGUF file {path}: cannot dequantize {t.name} "
                                  f"({t.tensor_type.name}): {e}") from e
-            w = torch.from_numpy(np.array(w, dtype=np.float32))  # a copy: never a view of the mmap
+            w = w.astype(np.float32, copy=False)
+            if not w.flags.writeable:  # F32 tensors come back as views of the read-only mmap
+                w = np.array(w)
+            w = torch.from_numpy(w)
             piece = t.name.split(".")[2] if t.name.startswith("blk.") else None
             if piece in rope_heads:
                 w = _unpermute_rope_rows(w, rope_heads[piece])
@@ -100,6 +105,10 @@ def load_gguf(path: str) -> ModelSource:
 
     generation_config = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                          if hf_config.get(k) is not None}
+    # Recent converters copy generation_config.json's sampling defaults into the file.
+    for gguf_key, hf_key in _SAMPLING_KEYS.items():
+        if (value := meta.get(gguf_key)) is not None:
+            generation_config[hf_key] = value
     return ModelSource(
         name=os.path.basename(path).removesuffix(".gguf"),
         hf_config=hf_config,

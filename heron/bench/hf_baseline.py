@@ -1,0 +1,121 @@
+"""The baseline every benchmark compares against: Hugging Face transformers `generate` on the same requests,
+the same weights, dtype and device, in the same run.
+
+transformers has no continuous batching, so requests run in static batches: sorted by output length (then
+prompt length), longest first, `batch_size` at a time, prompts left-padded to the batch's longest. A batch
+generates exactly the batch's longest output length for every row: EOS is switched off (no
+`eos_token_id`, `min_new_tokens` = `max_new_tokens`), since transformers can not stop a row at its own
+length. Only each request's own requested tokens count as output; the rest of the row (generated after the
+request would have ended) is waste that the timing includes, and that `generated_tokens` reports.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from heron.bench.datasets import BenchRequest
+
+
+@dataclass
+class HFRun:
+    seconds: float
+    output_tokens: int  # the requests' own output lengths
+    generated_tokens: int  # what transformers generated, padding rows included
+    batch_size: int
+    num_requests: int
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device):
+    """The same weights Heron loads for `model`. A Hugging Face folder or hub id goes through
+    `from_pretrained`; a GGUF file (None: the embedded model) through Heron's own GGUF reader, whose
+    dequantized tensors equal transformers' (tests/models/test_gguf_loader.py), since transformers'
+    GGUF path needs `accelerate`, which Heron does not install."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from heron.models.loader import load_source
+
+    if model is not None and not model.endswith(".gguf"):
+        return AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+    source = load_source(model)
+    cfg = dict(source.hf_config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
+    hf = AutoModelForCausalLM.from_config(config, dtype=dtype)  # real init: its rotary buffers are needed
+    missing, _ = hf.load_state_dict(dict(source.weights()), strict=False)
+    hf.tie_weights()
+    if missing := [n for n in missing if not (n == "lm_head.weight" and config.tie_word_embeddings)]:
+        raise ValueError(f"{source.name}: no weights for {missing[:5]}")
+    hf.to(device)
+    return hf.eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> torch.Tensor:
+    """One static batch, left-padded; returns the generated ids [B, max_new_tokens]."""
+    from transformers import GenerationConfig
+
+    device = hf.device
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    # Sampling as Heron's SamplingParams(temperature) does it: no top-k, no top-p, no EOS.
+    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                              do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                              top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
+                              eos_token_id=None, pad_token_id=0)
+    out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    return out[:, width:]
+
+
+def run_hf(hf, requests: list[BenchRequest], batch_size: int, temperature: float, seed: int = 0) -> HFRun:
+    """Time `generate` over the requests in static batches (after one small warm-up batch)."""
+    device = hf.device
+    torch.manual_seed(seed)
+    generate_batch(hf, [requests[0].prompt_token_ids[:16]], 4, temperature)
+    _sync(device)
+    order = sorted(requests, key=lambda r: (r.output_len, len(r.prompt_token_ids)), reverse=True)
+    seconds, generated = 0.0, 0
+    for i in range(0, len(order), batch_size):
+        batch = order[i:i + batch_size]
+        max_new = max(r.output_len for r in batch)
+        start = time.perf_counter()
+        out = generate_batch(hf, [r.prompt_token_ids for r in batch], max_new, temperature)
+        _sync(device)
+        seconds += time.perf_counter() - start
+        if out.shape[1] != max_new:
+            raise RuntimeError(f"transformers generated {out.shape[1]} tokens per row, {max_new} were asked.")
+        generated += out.numel()
+    return HFRun(seconds, sum(r.output_len for r in requests), generated, batch_size, len(requests))
+
+
+def run_hf_latency(hf, prompt: list[int], output_len: int, temperature: float, iters: int) -> dict:
+    """Batch 1: decode ms per token = (time for output_len tokens - time for 1) / (output_len - 1)."""
+    device = hf.device
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        generate_batch(hf, [prompt], n, temperature)
+        _sync(device)
+        return time.perf_counter() - start
+
+    timed(min(output_len, 8))  # warm-up
+    first = sorted(timed(1) for _ in range(iters))[iters // 2]
+    total = sorted(timed(output_len) for _ in range(iters))[iters // 2]
+    decode_ms = (total - first) / max(output_len - 1, 1) * 1e3
+    return {"hf_decode_ms_per_token": decode_ms, "hf_output_tokens_per_s": output_len / total,
+            "hf_ttft_ms": first * 1e3}

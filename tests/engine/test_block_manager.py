@@ -1,0 +1,135 @@
+from heron.engine.block_manager import BlockManager
+from heron.engine.request import Request
+from heron.sampling_params import SamplingParams
+
+
+def make_seq(tokens: list[int], rid: str = "r"):
+    return Request(rid, None, tokens, SamplingParams()).seqs[0]
+
+
+def no_leaks(bm: BlockManager) -> bool:
+    """Every block is free (cached or not) and unreferenced."""
+    return bm.num_free_blocks == bm.num_blocks and all(r == 0 for r in bm.ref_count)
+
+
+def compute(bm: BlockManager, seq, n: int) -> None:
+    """What the scheduler does around a model step: allocate, then mark computed and cache full blocks."""
+    assert bm.allocate(seq, n) is not None
+    before = seq.num_computed_tokens
+    seq.num_computed_tokens += n
+    bm.cache_full_blocks(seq, before)
+
+
+def test_allocate_counts_blocks_and_refuses_when_full():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = make_seq(list(range(10)))
+    assert bm.allocate(a, 10) == []
+    assert len(a.block_table) == 3 and bm.num_free_blocks == 1
+    b = make_seq(list(range(100, 108)), "b")
+    assert bm.allocate(b, 8) is None  # needs 2, 1 free: nothing changes
+    assert b.block_table == [] and bm.num_free_blocks == 1
+    bm.free_seq(a)
+    assert no_leaks(bm)
+
+
+def test_prefix_reuse_and_hit_counting():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    prompt = list(range(11))  # two full blocks and a partial one
+    a = make_seq(prompt)
+    compute(bm, a, 11)
+    b = make_seq(prompt + [99], "b")
+    hits = bm.find_cached(b)
+    assert hits == a.block_table[:2]
+    assert bm.allocate(b, 12 - 8, hits) == []
+    assert b.num_computed_tokens == 8 and b.block_table[:2] == a.block_table[:2]
+    assert all(bm.ref_count[x] == 2 for x in a.block_table[:2])
+    assert bm.prefix_hits == 8
+    bm.free_seq(a)
+    bm.free_seq(b)
+    assert no_leaks(bm)
+
+
+def test_fully_cached_prompt_leaves_last_block_to_compute():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(8)))
+    compute(bm, a, 8)
+    bm.free_seq(a)
+    b = make_seq(list(range(8)), "b")
+    hits = bm.find_cached(b)
+    assert len(hits) == 1  # the last token must run through the model, in a block of its own
+    assert bm.allocate(b, 4, hits) == []
+    assert b.num_computed_tokens == 4 and b.block_table[0] == hits[0]
+
+
+def test_freed_cached_blocks_survive_until_evicted_lru():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a, b = make_seq([1, 2, 3, 4], "a"), make_seq([5, 6, 7, 8], "b")
+    compute(bm, a, 4)
+    compute(bm, b, 4)
+    a_blocks = list(a.block_table)
+    bm.free_seq(a)  # a's blocks become the least recently used
+    bm.free_seq(b)
+    assert bm.num_free_blocks == 4 and len(bm.hash_to_block) == 4
+    c = make_seq([9, 10, 11], "c")
+    compute(bm, c, 3)  # two blocks: a's, evicted tail first
+    assert set(c.block_table) == set(a_blocks)
+    assert bm.find_cached(make_seq([1, 2, 3, 4, 0], "a2")) == []
+    assert len(bm.find_cached(make_seq([5, 6, 7, 8, 0], "b2"))) == 2
+
+
+def test_uncached_free_blocks_are_used_before_cached_ones():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a = make_seq([1, 2, 3, 4])
+    compute(bm, a, 4)
+    a_blocks = list(a.block_table)
+    bm.free_seq(a)
+    c = make_seq([7, 8, 9], "c")
+    compute(bm, c, 3)
+    assert not set(c.block_table) & set(a_blocks)
+    assert len(bm.find_cached(make_seq([1, 2, 3, 4, 5], "a2"))) == 2
+
+
+def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    parent = make_seq(list(range(6)))
+    compute(bm, parent, 6)
+    child = parent.fork(1)
+    bm.fork(parent, child)
+    assert child.block_table == parent.block_table
+    assert all(bm.ref_count[b] == 2 for b in parent.block_table)
+    free_before = bm.num_free_blocks
+    for s in (parent, child):
+        s.token_ids.append(42)
+    copies = bm.allocate(child, 1)
+    assert copies == [(parent.block_table[1], child.block_table[1])]
+    assert child.block_table[0] == parent.block_table[0]  # the full block stays shared
+    assert bm.allocate(parent, 1) == []  # now the only holder of its partial block: writes in place
+    assert bm.num_free_blocks == free_before - 1
+    bm.free_seq(parent)
+    bm.free_seq(child)
+    assert no_leaks(bm)
+
+
+def test_swap_out_and_in_round_trip():
+    bm = BlockManager(num_blocks=4, block_size=4, num_cpu_blocks=4)
+    a = make_seq(list(range(7)))
+    compute(bm, a, 7)
+    table = list(a.block_table)
+    assert bm.can_swap_out(a)
+    out = bm.swap_out(a)
+    assert [g for g, _ in out] == table and bm.num_free_blocks == 4 and len(a.cpu_block_table) == 2
+    a.token_ids.append(1)
+    assert bm.can_swap_in(a, 1)
+    back = bm.swap_in(a)
+    assert [c for c, _ in back] == [c for _, c in out] and len(a.block_table) == 2
+    assert bm.allocate(a, 1) == []
+    assert len(bm.cpu_free) == 4
+    bm.free_seq(a)
+    assert no_leaks(bm)
+
+
+def test_prefix_caching_off_caches_nothing():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False)
+    a = make_seq([1, 2, 3, 4])
+    compute(bm, a, 4)
+    assert bm.hash_to_block == {} and bm.find_cached(make_seq([1, 2, 3, 4, 5], "b")) == []

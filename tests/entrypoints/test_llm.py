@@ -1,0 +1,138 @@
+"""The offline API on the embedded model: shapes of outputs, sampling options end to end, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from heron import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+def test_outputs_come_back_in_input_order_with_their_fields(embedded_llm):
+    prompts = ["The sky is", "Name three colors:", [1, 504, 3255, 314]]
+    outs = embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
+    assert [o.prompt for o in outs] == ["The sky is", "Name three colors:", None]
+    assert outs[2].prompt_token_ids == [1, 504, 3255, 314]
+    for o in outs:
+        c = o.outputs[0]
+        assert o.finished and len(c.token_ids) <= 5 and c.finish_reason in ("stop", "length")
+        m = o.metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+def test_chat_applies_the_template(embedded_llm):
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    out = embedded_llm.chat(messages, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    tok = embedded_llm.get_tokenizer()
+    expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert out.prompt == expected
+    assert out.prompt_token_ids == tok.encode(expected, add_special_tokens=False)
+    assert out.outputs[0].text
+
+
+def test_finish_reasons(embedded_llm):
+    length = embedded_llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert length[0].outputs[0].finish_reason == "length" and len(length[0].outputs[0].token_ids) == 3
+    chat = embedded_llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0, max_tokens=200),
+                             use_tqdm=False)[0].outputs[0]
+    assert chat.finish_reason == "stop" and chat.stop_reason is None  # the EOS token
+    assert "<|im_end|>" not in chat.text
+
+
+def test_same_seed_same_output_whatever_the_batch(embedded_llm):
+    p = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=42, ignore_eos=True)
+    alone = embedded_llm.generate("A story about a fox:", p, use_tqdm=False)[0].outputs[0].token_ids
+    batch = embedded_llm.generate(["Unrelated", "A story about a fox:", "Also unrelated"],
+                                  [SamplingParams(temperature=0.7, max_tokens=20), p,
+                                   SamplingParams(temperature=0, max_tokens=3)], use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone
+    other = embedded_llm.generate("A story about a fox:", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12,
+                                                                        seed=43, ignore_eos=True), use_tqdm=False)
+    assert other[0].outputs[0].token_ids != alone
+
+
+def test_n_samples_share_the_prompt_blocks(embedded_llm):
+    engine = embedded_llm.engine
+    prompt = list(range(100, 140))  # 40 tokens: two full blocks of 16 and a partial one
+    req = engine.add_request("n2", prompt, SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=1))
+    while len(req.seqs) < 2:
+        engine.step()
+    a, b = req.seqs
+    assert a.block_table[:2] == b.block_table[:2]
+    assert all(engine.block_manager.ref_count[x] == 2 for x in a.block_table[:2])
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    final = [o for o in outs if o.finished][0]
+    assert [c.index for c in final.outputs] == [0, 1] and all(len(c.token_ids) == 4 for c in final.outputs)
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_stop_strings_cut_the_text(embedded_llm):
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompt = "List the numbers from one to ten in words: one, two,"
+    full = embedded_llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].text
+    stop = full[8:12]
+    assert stop and stop in full
+    cut = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop]),
+                                use_tqdm=False)[0].outputs[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop" and cut.stop_reason == stop
+    kept = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop],
+                                                        include_stop_str_in_output=True), use_tqdm=False)
+    assert kept[0].outputs[0].text == full[: full.index(stop) + len(stop)]
+
+
+def test_logprobs_and_prompt_logprobs(embedded_llm):
+    out = embedded_llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=4, logprobs=3,
+                                                                     prompt_logprobs=2), use_tqdm=False)[0]
+    c = out.outputs[0]
+    assert len(c.logprobs) == 4
+    for tok, lp in zip(c.token_ids, c.logprobs):
+        assert tok in lp and 3 <= len(lp) <= 4
+        assert lp[tok] == max(lp.values())  # greedy picks the most likely token
+    assert c.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(c.token_ids, c.logprobs)))
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids) and out.prompt_logprobs[0] is None
+    for tok, lp in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        assert tok in lp and all(v <= 0 for v in lp.values())
+
+
+def test_prompt_over_max_model_len_names_both_lengths(embedded_llm):
+    with pytest.raises(ValueError, match=r"9000 tokens.*8192"):
+        embedded_llm.generate([[5] * 9000], use_tqdm=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        embedded_llm.generate("hi", SamplingParams(max_tokens=9000), use_tqdm=False)
+    assert not embedded_llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
+                                         ("n", 0), ("max_tokens", 0), ("min_p", 2), ("presence_penalty", 3)])
+def test_invalid_sampling_fields_are_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_unknown_architecture_names_the_supported_ones(tmp_path, tiny_model_dir):
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model_dir("llama"), path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*LlamaForCausalLM"):
+        LLM(str(path), kv_cache_memory=16 << 20)
+
+
+def test_corrupt_weight_file_is_named(tmp_path, tiny_model_dir):
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model_dir("llama"), path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        LLM(str(path), kv_cache_memory=16 << 20)

@@ -1,0 +1,106 @@
+import math
+
+import pytest
+import torch
+
+from heron.engine.request import Request
+from heron.executor.sampler import Sampler, SamplingTensors, uniform_noise
+from heron.sampling_params import SamplingParams
+
+V = 50
+
+
+def rows_for(params: list[SamplingParams], seeds: list[int] | None = None, outputs=None):
+    rows = []
+    for i, p in enumerate(params):
+        req = Request(str(i), None, [1, 2, 3], p, seed=(seeds or [i] * len(params))[i])
+        seq = req.seqs[0]
+        seq.token_ids += (outputs or {}).get(i, [])
+        rows.append((seq, 0, seq.num_output_tokens))
+    return rows
+
+
+def sample(logits, params, seeds=None, outputs=None):
+    t = SamplingTensors.build(rows_for(params, seeds, outputs), V, torch.device("cpu"))
+    return Sampler()(logits, t)
+
+
+def test_noise_is_a_pure_function_of_seed_and_counter():
+    seeds, counters = torch.tensor([1, 1, 2]), torch.tensor([5, 6, 5])
+    u = uniform_noise(seeds, counters, 1000)
+    assert torch.equal(u, uniform_noise(seeds, counters, 1000))
+    assert ((u > 0) & (u < 1)).all()
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert abs(u.mean().item() - 0.5) < 0.02
+
+
+def test_greedy_and_top_k_1_pick_the_argmax():
+    logits = torch.randn(4, V)
+    greedy = sample(logits, [SamplingParams(temperature=0)] * 4)
+    top1 = sample(logits, [SamplingParams(temperature=1.3, top_k=1)] * 4)
+    assert torch.equal(greedy.token_ids, logits.argmax(-1))
+    assert torch.equal(top1.token_ids, logits.argmax(-1))
+
+
+def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(3, V)
+    p = SamplingParams(temperature=1.0, seed=1234)
+    alone = sample(logits[:1], [p], seeds=[1234]).token_ids
+    others = [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0)]
+    mixed = sample(logits, [p] + others, seeds=[1234, 5, 6]).token_ids
+    assert alone[0] == mixed[0]
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2] + [1e-9] * (V - 3)))
+    n = 4000
+    params = [SamplingParams(temperature=1.0)] * n
+    t = SamplingTensors.build(rows_for(params, seeds=list(range(n))), V, torch.device("cpu"))
+    ids = Sampler()(logits.expand(n, V).clone(), t).token_ids
+    freq = torch.bincount(ids, minlength=V)[:3].float() / n
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+
+
+def test_top_p_and_min_p_exclude_the_tail():
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1] + [0.0] * (V - 4)) + 1e-12
+    logits = probs.log().expand(200, V).clone()
+    top_p = sample(logits, [SamplingParams(temperature=1, top_p=0.65)] * 200, seeds=list(range(200)))
+    assert set(top_p.token_ids.tolist()) <= {0, 1}
+    min_p = sample(logits, [SamplingParams(temperature=1, min_p=0.6)] * 200, seeds=list(range(200)))
+    assert set(min_p.token_ids.tolist()) <= {0, 1}
+
+
+def test_penalties_match_their_definitions():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0] + [-10.0] * (V - 4)])
+    p = SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    # prompt holds tokens 1, 2, 3; the output so far holds token 3 twice
+    t = SamplingTensors.build(rows_for([p], outputs={0: [3, 3]}), V, torch.device("cpu"))
+    from heron.executor.sampler import apply_penalties
+
+    out = apply_penalties(logits, t)[0, :4]
+    expected = torch.tensor([2.0, -2.0, 0.25, 3.0 / 2 - 0.5 * 2 - 0.25])
+    assert torch.allclose(out, expected)
+
+
+def test_logit_bias_and_min_tokens():
+    logits = torch.zeros(1, V)
+    out = sample(logits, [SamplingParams(temperature=0, logit_bias={7: 5.0})])
+    assert out.token_ids.item() == 7
+    p = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[9])
+    logits[0, 9] = 10.0
+    assert sample(logits, [p]).token_ids.item() != 9  # output position 0 < min_tokens
+    assert sample(logits, [p], outputs={0: [1, 1]}).token_ids.item() == 9
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_logprobs_are_log_softmax_of_the_raw_logits(k):
+    torch.manual_seed(1)
+    logits = torch.randn(2, V)
+    out = sample(logits, [SamplingParams(temperature=0.8, logprobs=k)] * 2)
+    ref = logits.log_softmax(-1)
+    assert out.logprobs.shape == (2, 1 + k)
+    assert torch.allclose(out.logprobs[:, 0], ref.gather(1, out.token_ids[:, None])[:, 0])
+    if k:
+        assert torch.allclose(out.logprobs[:, 1:], ref.topk(k).values)
+        assert math.isclose(out.logprobs[0, 1].item(), ref[0].max().item(), rel_tol=1e-6)
