@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from heron.models.loader import ModelSource
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -32,13 +36,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 @dataclass
 class ModelConfig:
-    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct, GGUF)
+    model: "str | ModelSource | None" = None  # None: the embedded default; a ModelSource: tensors in hand
     tokenizer: str | None = None
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None
     seed: int = 0
     chat_template: str | None = None
     served_model_name: str | None = None
+    load_format: str = "auto"  # "auto" | "dummy" (random weights in the checkpoint's shapes, for benchmarks)
+
+    def verify(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
 
 
 @dataclass
@@ -86,5 +95,6 @@ class EngineConfig:
     enforce_eager: bool = False
 
     def verify(self) -> None:
+        self.model.verify()
         self.cache.verify()
         self.scheduler.verify()

@@ -18,7 +18,8 @@ BENCHMARKS = {
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmark Heron against transformers and the hardware",
-                                  description=__doc__)
+                                  description="Benchmarks; each prints a table and, with --save-result, "
+                                              "records benchmarks/results/<name>.json.")
     sub = bench.add_subparsers(dest="benchmark", metavar="{" + ",".join(BENCHMARKS) + "}")
     for name, module_name in BENCHMARKS.items():
         module = importlib.import_module(module_name)
@@ -36,7 +37,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="HF folder, hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--batch-size", type=int, default=256, dest="max_num_seqs",
+    g.add_argument("--batch-size", type=int, default=256, dest="max_num_seqs", metavar="B",
                    help="sequences per step at most (the engine's max_num_seqs)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step at most (default: the engine's)")
@@ -45,6 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--attention-backend", default="auto")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights in the shapes of --model's config.json (GPU benchmarks)")
+    g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--seed", type=int, default=0, help="the engine's seed and the workload's")
 
 
@@ -63,7 +67,8 @@ def make_llm(args: argparse.Namespace, **overrides):
                   max_num_batched_tokens=args.max_num_batched_tokens,
                   kv_cache_memory=None if args.kv_cache_memory is None else int(args.kv_cache_memory * 2**30),
                   gpu_memory_utilization=args.gpu_memory_utilization, attention_backend=args.attention_backend,
-                  enforce_eager=args.enforce_eager, seed=args.seed)
+                  enforce_eager=args.enforce_eager, seed=args.seed, load_format=args.load_format,
+                  max_model_len=args.max_model_len)
     kwargs.update(overrides)
     return LLM(**kwargs)
 

@@ -42,7 +42,7 @@ class LLMEngine:
         config.verify()
         self.config = config
         self.device = resolve_device(config.device)
-        source = load_source(config.model.model, config.model.tokenizer)
+        source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
         self.model_name = config.model.served_model_name or source.name
         self.tokenizer = source.tokenizer
         if config.model.chat_template is not None and self.tokenizer is not None:
@@ -66,6 +66,7 @@ class LLMEngine:
                              f"({self.max_model_len}): lower max_model_len or give the cache more memory.")
         num_cpu_blocks = int(config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
         self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+        self.runner.capture_cuda_graphs()
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, num_cpu_blocks)
         self.scheduler = Scheduler(sched, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)

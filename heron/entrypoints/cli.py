@@ -6,6 +6,7 @@ setting `func` on its parser."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from heron.version import __version__
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
+from heron.models.loader import ModelSource
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 
@@ -17,16 +18,16 @@ Message = dict[str, object]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, *, tokenizer: str | None = None, dtype: str = "auto",
+    def __init__(self, model: "str | ModelSource | None" = None, *, tokenizer: str | None = None, dtype: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, block_size: int = 16,
                  gpu_memory_utilization: float = 0.9, kv_cache_memory: int | None = None,
                  enable_prefix_caching: bool = True, swap_space: float = 0.0, seed: int = 0,
                  device: str = "auto", scheduling_policy: str = "fcfs", attention_backend: str = "auto",
-                 enforce_eager: bool = False, chat_template: str | None = None) -> None:
+                 enforce_eager: bool = False, chat_template: str | None = None, load_format: str = "auto") -> None:
         config = EngineConfig(
             model=ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
-                              seed=seed, chat_template=chat_template),
+                              seed=seed, chat_template=chat_template, load_format=load_format),
             cache=CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                               kv_cache_memory=kv_cache_memory, enable_prefix_caching=enable_prefix_caching,
                               swap_space=swap_space),

@@ -17,6 +17,7 @@ import torch
 from heron.config import EngineConfig, resolve_dtype
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
+from heron.executor.input_buffers import InputBuffers
 from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
@@ -47,9 +48,15 @@ class ModelRunner:
         self.backend = backend_cls(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim,
                                    model_cfg.head_dim ** -0.5)
         self.model = self._load_model(source)
+        self.backend.reserve(config.scheduler.max_num_seqs, device)
         self.sampler = Sampler()
         self.kv_cache: torch.Tensor | None = None
         self.cpu_kv_cache: torch.Tensor | None = None
+        sched = config.scheduler
+        self.max_num_seqs = sched.max_num_seqs
+        self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs,
+                                    -(-sched.max_model_len // self.block_size), device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
         start = time.perf_counter()
@@ -66,7 +73,10 @@ class ModelRunner:
             if hasattr(module, "materialize"):
                 module.materialize()
         with torch.no_grad():
-            model.load_weights(source.weights())
+            if self.config.model.load_format == "dummy":
+                _init_dummy(model, self.config.model.seed)
+            else:
+                model.load_weights(source.weights())
         model.eval()
         logger.info("loaded %s (%.0f M parameters, %s) in %.1f s", source.name,
                     sum(p.numel() for p in model.parameters()) / 1e6, self.dtype, time.perf_counter() - start)
@@ -97,14 +107,13 @@ class ModelRunner:
         sched = self.config.scheduler
         tokens = sched.max_num_batched_tokens
         seq_len = min(tokens, sched.max_model_len)
-        num_seqs = -(-tokens // seq_len)
-        blocks_per_seq = -(-seq_len // self.block_size)
-        self.allocate_kv_cache(num_seqs * blocks_per_seq, 0)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
-        meta, positions = self._dummy_batch(lens, blocks_per_seq)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        self.allocate_kv_cache(len(lens) * blocks_per_seq, 0)
+        meta = self._fill_dummy_prefill(lens, blocks_per_seq)
         with torch.inference_mode():
-            hidden = self.model(ids, positions, meta)
+            b = self.buffers
+            hidden = self.model(b.input_ids_dev[:tokens], b.positions_dev[:tokens], meta)
             self.model.compute_logits(hidden[: sched.max_num_seqs]).softmax(-1)
         torch.cuda.synchronize(self.device)
         peak_without_kv = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
@@ -120,15 +129,20 @@ class ModelRunner:
                                "max_num_batched_tokens.")
         return int(budget)
 
-    def _dummy_batch(self, lens: list[int], blocks_per_seq: int) -> tuple[AttentionMetadata, torch.Tensor]:
+    def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> AttentionMetadata:
         """Prefill-shaped inputs for profiling: sequences of `lens` tokens, each in its own blocks."""
-        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        tables = np.arange(len(lens) * blocks_per_seq, dtype=np.int32).reshape(len(lens), blocks_per_seq)
-        pos = np.concatenate([np.arange(n) for n in lens])
+        b, n = self.buffers, sum(lens)
+        b.query_start_loc[: len(lens) + 1] = np.concatenate([[0], np.cumsum(lens)])
+        b.seq_lens[: len(lens)] = lens
+        b.block_tables[: len(lens), :blocks_per_seq] = np.arange(len(lens) * blocks_per_seq).reshape(len(lens), -1)
+        pos = np.concatenate([np.arange(x) for x in lens])
         seq = np.repeat(np.arange(len(lens)), lens)
-        slots = tables[seq, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
-        meta = self._metadata(starts, np.asarray(lens, np.int32), tables, slots)
-        return meta, torch.from_numpy(pos).to(self.device)
+        b.input_ids[:n] = 0
+        b.positions[:n] = pos
+        b.slot_mapping[:n] = b.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size \
+            + pos % self.block_size
+        b.upload(n, len(lens))
+        return self._metadata(len(lens), n, max(lens), max(lens))
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         c = self.model_cfg
@@ -143,13 +157,53 @@ class ModelRunner:
             self.cpu_kv_cache = torch.zeros((*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.dtype,
                                             pin_memory=self.device.type == "cuda")
 
+    # -- CUDA graphs -------------------------------------------------------------------------------------------
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture the decode step's forward pass for batch sizes 1, 2, 4, 8, 16, 24, ... up to
+        max_num_seqs; a decode batch then runs padded to the next size with one launch. Largest first,
+        so that every graph fits in the memory pool the first one reserved."""
+        if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_cuda_graphs:
+            return
+        start = time.perf_counter()
+        sizes = sorted({s for s in [1, 2, 4, *range(8, self.max_num_seqs + 1, 8)] if s <= self.max_num_seqs}
+                       | {self.max_num_seqs}, reverse=True)
+        b, pool = self.buffers, None
+        run = lambda size, meta: self.model(b.input_ids_dev[:size], b.positions_dev[:size], meta)
+        metas = {}
+        with torch.inference_mode():
+            # Every size runs once eagerly before any capture: kernels compile, and backend workspaces
+            # reach their final size (a buffer reallocated after a capture would leave a graph pointing at
+            # freed memory).
+            for size in sizes:
+                b.pad_decode(0, size)
+                b.upload(size, size)
+                metas[size] = self._metadata(size, size, 1, 1)
+                run(size, metas[size])
+            torch.cuda.synchronize(self.device)
+            for size in sizes:
+                graph = torch.cuda.CUDAGraph()
+                self.backend.prepare(metas[size])
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = run(size, metas[size])
+                pool = graph.pool()
+                self.graphs[size] = (graph, hidden)
+        logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(sizes), sizes[0],
+                    time.perf_counter() - start)
+
     # -- one step -------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ModelRunnerOutput:
         self._move_blocks(batch)
         inputs = self._prepare(batch)
-        hidden = self.model(inputs["input_ids"], inputs["positions"], inputs["meta"])
+        graph = self.graphs.get(inputs["graph_size"])
+        if graph is not None:
+            graph[0].replay()
+            hidden = graph[1]
+        else:
+            b, n = self.buffers, inputs["num_tokens"]
+            hidden = self.model(b.input_ids_dev[:n], b.positions_dev[:n], inputs["meta"])
         logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
         num_sample = inputs["num_sample_rows"]
         out = self.sampler(logits[:num_sample], inputs["sampling"])
@@ -172,35 +226,47 @@ class ModelRunner:
             src, dst = zip(*batch.block_copies)
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
-    def _metadata(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                  slot_mapping: np.ndarray) -> AttentionMetadata:
-        to = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype, non_blocking=True)
+    def _metadata(self, num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
+        b = self.buffers
         meta = AttentionMetadata(
-            num_seqs=len(seq_lens), num_tokens=int(query_start_loc[-1]),
-            query_start_loc=to(query_start_loc, torch.int32), seq_lens=to(seq_lens, torch.int32),
-            block_tables=to(block_tables, torch.int32), slot_mapping=to(slot_mapping, torch.int64),
-            max_query_len=int(np.diff(query_start_loc).max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)),
-            query_start_loc_cpu=torch.from_numpy(query_start_loc), seq_lens_cpu=torch.from_numpy(seq_lens))
+            num_seqs=num_seqs, num_tokens=num_tokens, query_start_loc=b.query_start_loc_dev[: num_seqs + 1],
+            seq_lens=b.seq_lens_dev[:num_seqs], block_tables=b.block_tables_dev[:num_seqs],
+            slot_mapping=b.slot_mapping_dev[:num_tokens], max_query_len=max_query_len, max_seq_len=max_seq_len,
+            query_start_loc_cpu=b.query_start_loc_host[: num_seqs + 1], seq_lens_cpu=b.seq_lens_host[:num_seqs])
         self.backend.prepare(meta)
         return meta
 
+    def _graph_size(self, num_seqs: int) -> int | None:
+        """The smallest captured batch size that holds `num_seqs` decode rows."""
+        return next((size for size in sorted(self.graphs) if size >= num_seqs), None)
+
     def _prepare(self, batch: ScheduledBatch) -> dict:
-        bs = self.block_size
+        bs, b = self.block_size, self.buffers
+        num_seqs = len(batch)
         num_tokens = np.asarray(batch.num_tokens, dtype=np.int32)
         starts = np.asarray([s.num_computed_tokens for s in batch.seqs], dtype=np.int32)
         seq_lens = starts + num_tokens
-        query_start_loc = np.zeros(len(batch) + 1, dtype=np.int32)
-        np.cumsum(num_tokens, out=query_start_loc[1:])
-        input_ids = np.concatenate([s.token_ids[a:b] for s, a, b in zip(batch.seqs, starts, seq_lens)])
+        total = int(num_tokens.sum())
+        qsl = b.query_start_loc[: num_seqs + 1]
+        qsl[0] = 0
+        np.cumsum(num_tokens, out=qsl[1:])
+        b.seq_lens[:num_seqs] = seq_lens
+        b.input_ids[:total] = np.concatenate([s.token_ids[x:y] for s, x, y in zip(batch.seqs, starts, seq_lens)])
         # positions and slots, vectorised over tokens
-        seq_of_token = np.repeat(np.arange(len(batch)), num_tokens)
-        positions = np.arange(query_start_loc[-1]) - query_start_loc[seq_of_token] + starts[seq_of_token]
-        max_blocks = max(len(s.block_table) for s in batch.seqs)
-        block_tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
+        seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
+        positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
+        b.positions[:total] = positions
         for i, s in enumerate(batch.seqs):
-            block_tables[i, : len(s.block_table)] = s.block_table
-        slot_mapping = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
-        meta = self._metadata(query_start_loc, seq_lens, block_tables, slot_mapping)
+            b.block_tables[i, : len(s.block_table)] = s.block_table
+        b.slot_mapping[:total] = b.block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        max_query_len = int(num_tokens.max())
+        graph_size = self._graph_size(num_seqs) if max_query_len == 1 else None
+        if graph_size is not None:
+            b.pad_decode(num_seqs, graph_size)
+        rows_uploaded = graph_size or num_seqs
+        b.upload(graph_size or total, rows_uploaded)
+        meta = None if graph_size else self._metadata(num_seqs, total, max_query_len, int(seq_lens.max()))
+        query_start_loc = qsl
 
         logits_indices, rows = [], []  # rows: (seq, sample index, output position)
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
@@ -218,8 +284,8 @@ class ModelRunner:
                 prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
         to = lambda a, dtype: torch.tensor(a, dtype=dtype).to(self.device, non_blocking=True)
         return {
-            "input_ids": to(input_ids, torch.long),
-            "positions": to(positions, torch.long),
+            "num_tokens": total,
+            "graph_size": graph_size,
             "meta": meta,
             "logits_indices": to(logits_indices + prompt_lp_indices, torch.long),
             "num_sample_rows": len(rows),
@@ -255,3 +321,14 @@ class ModelRunner:
                     r += count
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 
+
+def _init_dummy(model: torch.nn.Module, seed: int) -> None:
+    """Random weights in the real shapes, for benchmarks: small normal matrices, unit norms, zero biases."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            p.normal_(0.0, 0.02, generator=gen)
+        elif name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.zero_()

@@ -14,9 +14,10 @@ import triton.language as tl
 def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, n0, kv_len, pos,
                 stride_cblk, stride_coff, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                MASK_LEN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+                MASK_LEN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1.
-    MASK_LEN: keys n >= kv_len are masked (and not loaded). CAUSAL: row r sees keys n <= pos[r]."""
+    MASK_LEN: keys n >= kv_len are masked (and not loaded). CAUSAL: row r sees keys n <= pos[r].
+    PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be TF32."""
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     # Token n sits in block bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE; int64 block offsets (the cache
@@ -37,7 +38,7 @@ def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k)) * qk_scale  # [M, BLOCK_N] f32
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, BLOCK_N] f32
     if CAUSAL:
         s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
     if MASK_LEN:
@@ -49,9 +50,17 @@ def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
 LOG2E = 1.4426950408889634
+
+
+def dot_precision(dtype) -> str:
+    """input_precision for the attention dots: exact float32 for a float32 cache (the correctness runs
+    compare with transformers in float32), the default otherwise (bf16/fp16 operands use tensor cores)."""
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"
 

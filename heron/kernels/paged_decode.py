@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, attend_tile
+from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision
 from heron.kernels.common import check_cache, dot_upcast, num_sms
 
 
@@ -32,7 +32,7 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                          stride_cblk, stride_coff, stride_ch,
                          NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr):
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -69,7 +69,7 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     for t in range(t_begin, t_end):
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, t * BLOCK_N,
                                     seq_len, m_i, stride_cblk, stride_coff, qk_scale,
-                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST)
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST, PRECISION)
 
     if NUM_PARTS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (a padded row): zeros
@@ -188,7 +188,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions, USE_QSL=use_qsl,
-        UPCAST=dot_upcast(), num_warps=num_warps, num_stages=num_stages)
+        UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages)
     if num_partitions > 1:
         _decode_reduce_kernel[(batch, num_heads)](
             part_o, part_m, part_l, seq_lens, qsl, out, out.stride(0), out.stride(1),

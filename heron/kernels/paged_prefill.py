@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, attend_tile
+from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision
 from heron.kernels.common import check_cache, dot_upcast
 
 
@@ -29,7 +29,7 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
                           stride_cblk, stride_coff, stride_ch,
                           G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SKIP_DECODE: tl.constexpr,
-                          UPCAST: tl.constexpr):
+                          UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     qt = tl.program_id(0)
     b = tl.program_id(1)
@@ -69,11 +69,11 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
     for n0 in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, n0,
                                     kv_end, pos, stride_cblk, stride_coff, qk_scale,
-                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, UPCAST)
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, UPCAST, PRECISION)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, n0,
                                     kv_end, pos, stride_cblk, stride_coff, qk_scale,
-                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, UPCAST)
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, UPCAST, PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -85,7 +85,11 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
     g_pad = triton.next_power_of_2(group)
     if device.type != "cuda":  # the interpreter: small tiles are faster there
         return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1)
-    return dict(block_m=max(128, g_pad), block_n=64 if head_dim <= 128 else 32, num_warps=8, num_stages=2)
+    # From a sweep on an H200 (4 x 2048-token prompts, bf16; docs/kernels.md): D 128 -> 128 x 32 tiles,
+    # 8 warps (~335 TFLOP/s); D 64 -> 64 x 64, 4 warps (~260-300).
+    if head_dim >= 128:
+        return dict(block_m=max(128, g_pad), block_n=32, num_warps=8, num_stages=2)
+    return dict(block_m=max(64, g_pad), block_n=64, num_warps=4, num_stages=2)
 
 
 def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -131,7 +135,7 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         G=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        SKIP_DECODE=skip_decode, UPCAST=dot_upcast(),
+        SKIP_DECODE=skip_decode, UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"])
     return out
 

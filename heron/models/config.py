@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
     architecture: str
@@ -28,7 +32,10 @@ class TransformerConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> TransformerConfig:
-        arch = (hf.get("architectures") or ["?"])[0]
+        arch = (hf.get("architectures") or [_BY_MODEL_TYPE.get(hf.get("model_type"), f"model_type={hf.get('model_type')}")])[0]
+        if arch.startswith("Mistral") and hf.get("sliding_window") not in (None, 0):
+            if hf["sliding_window"] < hf.get("max_position_embeddings", 0):
+                raise ValueError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported.")
         heads = hf["num_attention_heads"]
         # transformers 5 gathers RoPE settings in `rope_parameters`; earlier versions use
         # `rope_theta` and `rope_scaling`.

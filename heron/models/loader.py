@@ -43,7 +43,13 @@ def embedded_model_path() -> str:
     return path
 
 
-def load_source(model: str | None, tokenizer: str | None = None) -> ModelSource:
+def load_source(model: str | ModelSource | None, tokenizer: str | None = None,
+                load_format: str = "auto") -> ModelSource:
+    """`load_format="dummy"` needs only config.json: the weights will be random, and a folder without
+    tokenizer files gives a source without a tokenizer (prompts must then be token ids). A ModelSource
+    passes through: benchmarks hand Heron the very tensors a transformers model holds."""
+    if isinstance(model, ModelSource):
+        return model
     if model is None:
         from heron.models.gguf_loader import load_gguf
 
@@ -59,7 +65,7 @@ def load_source(model: str | None, tokenizer: str | None = None) -> ModelSource:
     path = Path(model)
     if not path.is_dir():
         path = _download(model)
-    return _load_hf_folder(path, model, tokenizer)
+    return _load_hf_folder(path, model, tokenizer, dummy=load_format == "dummy")
 
 
 def _download(repo_id: str) -> Path:
@@ -74,17 +80,18 @@ def _download(repo_id: str) -> Path:
                          f"could be fetched ({type(e).__name__}: {e}).") from e
 
 
-def _load_hf_folder(path: Path, name: str, tokenizer: str | None) -> ModelSource:
+def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool) -> ModelSource:
     from transformers import AutoTokenizer
 
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} has no config.json.")
     hf_config = json.loads(config_file.read_text())
-    files = _safetensors_files(path)
+    files = [] if dummy else _safetensors_files(path)
     gen_file = path / "generation_config.json"
     gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
-    tok = AutoTokenizer.from_pretrained(tokenizer or str(path))
+    has_tokenizer = tokenizer or any(path.glob("tokenizer*"))
+    tok = AutoTokenizer.from_pretrained(tokenizer or str(path)) if has_tokenizer or not dummy else None
     return ModelSource(name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files),
                        tokenizer=tok, generation_config=gen)
 

@@ -21,6 +21,8 @@ def async_llm(embedded_llm):
 
 def test_streams_cumulative_outputs_to_the_same_result(async_llm, embedded_llm):
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    # The offline reference first: both fronts share one engine, and only one may drive it at a time.
+    offline = embedded_llm.generate("The weather today", params, use_tqdm=False)[0].outputs[0]
 
     async def run():
         return [out async for out in async_llm.generate("The weather today", params, "s1")]
@@ -29,7 +31,6 @@ def test_streams_cumulative_outputs_to_the_same_result(async_llm, embedded_llm):
     assert outs[-1].finished and not any(o.finished for o in outs[:-1])
     texts = [o.outputs[0].text for o in outs]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    offline = embedded_llm.generate("The weather today", params, use_tqdm=False)[0].outputs[0]
     assert outs[-1].outputs[0].token_ids == offline.token_ids and texts[-1] == offline.text
 
 

@@ -183,6 +183,7 @@ def test_triton_backend_matches_torch_backend(kind):
     scale = head_dim ** -0.5
     tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
     tri.num_partitions = 2 if not ON_GPU else None
+    tri.reserve(len(seq_lens), DEVICE)
     assert tri.plan(meta) == kind
     ref_cache = cache.clone().float()
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(
@@ -250,6 +251,7 @@ def test_decode_step_replays_in_a_cuda_graph():
     k = torch.randn(batch, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
     v = torch.randn_like(k)
     backend = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5)
+    backend.reserve(batch, DEVICE)
     backend.prepare(meta)
     backend.forward(q, k, v, cache, meta)  # warm-up: compile outside the capture
     torch.cuda.synchronize()

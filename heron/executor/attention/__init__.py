@@ -2,13 +2,15 @@
 
 from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
 from heron.executor.attention.torch_ref import TorchAttentionBackend
+from heron.executor.attention.triton_backend import TritonAttentionBackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend}
 
 
 def get_backend_cls(name: str, device_type: str) -> type[AttentionBackend]:
+    """`auto`: our Triton kernels on a GPU, the PyTorch reference on the CPU."""
     if name == "auto":
-        name = "torch"
+        name = "triton" if device_type == "cuda" else "torch"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}.")
     return BACKENDS[name]

@@ -34,12 +34,16 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str
+    supports_cuda_graphs = False  # a decode step can be captured: fixed grids, no host-side values
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+
+    def reserve(self, max_num_seqs: int, device: torch.device) -> None:
+        """Called once before any step: allocate per-step workspaces at their largest size."""
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""

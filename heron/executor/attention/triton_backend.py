@@ -21,6 +21,7 @@ from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -32,7 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._prefill = paged_prefill
         self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
         self._planned: tuple[AttentionMetadata, str] | None = None
-        self._ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> str:
@@ -54,16 +55,19 @@ class TritonAttentionBackend(AttentionBackend):
             self.prepare(meta)
         return self._planned[1]
 
-    def _workspace(self, batch: int, parts: int, device: torch.device):
-        """Split-KV partials, shared by all layers (they run one after another on one stream); grown, never
-        shrunk, so a captured graph's addresses stay valid once the largest batch has been seen."""
+    def reserve(self, max_num_seqs: int, device: torch.device) -> None:
+        """Allocate the split-KV partials once, for the largest batch * partitions any step can ask for:
+        a buffer reallocated later would leave captured graphs pointing at freed memory."""
+        parts = lambda b: self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, device)
+        need = max(b * self.num_heads * parts(b) for b in range(1, max_num_seqs + 1))
+        self._ws = (torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
+                    torch.empty(2 * need, dtype=torch.float32, device=device))
+
+    def _workspace(self, batch: int, parts: int):
+        """Views of the reserved partials (shared by all layers: they run one after another on one stream)."""
         need = batch * self.num_heads * parts
-        buf = self._ws.get(device)
-        if buf is None or buf[1].numel() < need:
-            buf = (torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
-                   torch.empty(2 * need, dtype=torch.float32, device=device))
-            self._ws[device] = buf
-        o, ml = buf
+        o, ml = self._ws
+        assert ml.numel() >= 2 * need, "reserve() was called with a smaller max_num_seqs than this batch"
         part_o = o[: need * self.head_dim].view(batch, self.num_heads, parts, self.head_dim)
         part_m = ml[:need].view(batch, self.num_heads, parts)
         part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
@@ -72,7 +76,7 @@ class TritonAttentionBackend(AttentionBackend):
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
         b = meta.num_seqs
         parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
-        ws = self._workspace(b, parts, q.device) if parts > 1 else None
+        ws = self._workspace(b, parts) if parts > 1 else None
         self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
                                             workspace=ws)

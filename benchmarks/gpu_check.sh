@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything Heron checks and times on the GPU, in one device call (the device tool runs it from the repo
+# root; results land in $OUT). Sections run independently: a failure is logged and the next one runs.
+#   bash benchmarks/gpu_check.sh [sections...]   (default: all)
+set -u
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT" /tmp/shapes
+python3 benchmarks/shapes.py /tmp/shapes
+SECTIONS=${*:-machine kernels correctness latency throughput prefill}
+heron() { python3 -m heron.entrypoints.cli "$@"; }
+run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
+        ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }
+for s in $SECTIONS; do case $s in
+  machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
+  kernels) run kernels python3 -m heron.kernels.bench ;;
+  correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
+  latency)
+    run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
+        --result-name latency-qwen3-0.6b-bs1
+    run latency-llama heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy --save-result \
+        --result-name latency-llama3.1-8b-bs1 --max-model-len 4096 ;;
+  throughput)
+    run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
+        --save-result --result-name offline-qwen3-0.6b
+    run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
+  prefill) echo "prefill benchmark: not written yet" ;;
+esac; done
+tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
+ls -la "$OUT"

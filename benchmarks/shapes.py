@@ -1,0 +1,38 @@
+"""config.json folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
+
+    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b}/config.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SHAPES = {
+    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936,
+                       hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, bos_token_id=151643,
+                       eos_token_id=151645),
+    "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+                     tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "llama3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                        head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                        tie_word_embeddings=False, bos_token_id=128000, eos_token_id=[128001, 128008, 128009]),
+}
+
+
+def write(out: Path) -> None:
+    for name, cfg in SHAPES.items():
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1]))

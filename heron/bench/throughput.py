@@ -1,0 +1,142 @@
+"""Offline throughput: the random-token workload through `LLM.generate`, against the hardware and transformers.
+
+The workload (heron/bench/datasets.py) defaults to the anchors' one: 256 requests, prompt and output lengths
+uniform in [100, 1024], token ids in [0, 10000], seed 0, ignore_eos, temperature 0.6. Heron runs it in one
+`generate` call after a warm-up request; output tokens/s = output tokens / the call's wall time.
+
+In the same run: the physical limit (heron/bench/roofline.py: the bytes any engine must move over the
+measured copy bandwidth, or the FLOPs over the measured matmul rate, whichever is slower), and with
+--hf-baseline transformers `generate` on the same requests (heron/bench/hf_baseline.py: static batches of
+--hf-batch-size sorted by output length, left padding; only each request's own output tokens count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
+from heron.bench.datasets import BenchRequest, parse_range, random_token_requests
+from heron.bench.report import finish, format_table
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    w = parser.add_argument_group("workload")
+    w.add_argument("--num-prompts", type=int, default=256)
+    w.add_argument("--input-len-range", type=parse_range, default=(100, 1024), metavar="LOW,HIGH")
+    w.add_argument("--output-len-range", type=parse_range, default=(100, 1024), metavar="LOW,HIGH")
+    w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are uniform in [0, this]")
+    w.add_argument("--temperature", type=float, default=0.6)
+    b = parser.add_argument_group("baselines")
+    b.add_argument("--hf-baseline", action="store_true", help="also time transformers generate on the same requests")
+    b.add_argument("--hf-batch-size", type=int, default=None, help="static batch size (default: --batch-size)")
+    b.add_argument("--hf-num-prompts", type=int, default=None,
+                   help="run transformers on an evenly spaced subset of this many requests (default: all)")
+    b.add_argument("--no-limit", dest="limit", action="store_false",
+                   help="skip measuring copy bandwidth and matmul rate for the physical limit")
+    add_result_args(parser, "[cpu-]offline-<model>")
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0
+
+
+def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[float, int]:
+    """(seconds, output tokens) of one `generate` call over the requests, after a warm-up request."""
+    from heron import SamplingParams
+
+    params = lambda n: SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n)
+    llm.generate([list(range(1, 33))], params(16), use_tqdm=False)
+    _sync(llm)
+    start = time.perf_counter()
+    outs = llm.generate([r.prompt_token_ids for r in requests], [params(r.output_len) for r in requests],
+                        use_tqdm=False)
+    _sync(llm)
+    seconds = time.perf_counter() - start
+    got = sum(len(o.outputs[0].token_ids) for o in outs)
+    want = sum(r.output_len for r in requests)
+    if got != want:
+        raise RuntimeError(f"Heron generated {got} output tokens, the workload asks for {want}.")
+    return seconds, got
+
+
+def _sync(llm) -> None:
+    import torch
+
+    if llm.engine.device.type == "cuda":
+        torch.cuda.synchronize(llm.engine.device)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from heron.bench.hf_baseline import load_hf_model, run_hf
+    from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, workload_bound
+    from heron.config import resolve_device, resolve_dtype
+
+    requests = random_token_requests(args.num_prompts, args.input_len_range, args.output_len_range, args.seed,
+                                     args.max_token_id)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    # The machine's rates first, while the engine does not yet hold the device's memory.
+    bandwidth = copy_bandwidth(device) if args.limit else None
+    flop_rate = matmul_rate(device, dtype) if args.limit else None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    llm = make_llm(args)
+    batch = args.max_num_seqs
+    seconds, out_tokens = time_heron(llm, requests, args.temperature)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    print(f"Heron: {out_tokens} output tokens in {seconds:.2f} s = {out_tokens / seconds:,.1f} tokens/s", flush=True)
+    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
+    name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}offline-{model_slug(llm)}"
+    del llm  # its KV cache holds most of a GPU's memory, which transformers needs next
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    metrics = {
+        "output_tokens_per_s": out_tokens / seconds,
+        "total_tokens_per_s": (prompt_tokens + out_tokens) / seconds,
+        "elapsed_s": seconds,
+        "num_requests": len(requests),
+        "batch_size": batch,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": out_tokens,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    rows = [(f"Heron, max {batch} sequences per step", out_tokens, seconds, out_tokens / seconds, None)]
+    if args.limit:
+        lengths = [(len(r.prompt_token_ids), r.output_len) for r in requests]
+        bound = workload_bound(cost, lengths, batch, bandwidth, flop_rate)
+        limit = out_tokens / bound.min_seconds
+        metrics.update(limit_output_tokens_per_s=limit, fraction_of_limit=metrics["output_tokens_per_s"] / limit,
+                       limit_bound_by=bound.bound_by, copy_bandwidth_GBps=bandwidth / 1e9,
+                       matmul_TFLOPs=flop_rate / 1e12)
+        rows.append((f"physical limit ({bound.bound_by}: {bandwidth / 1e9:,.1f} GB/s copy, "
+                     f"{flop_rate / 1e12:,.2f} TFLOP/s matmul)", out_tokens, bound.min_seconds, limit,
+                     metrics["fraction_of_limit"]))
+    if args.hf_baseline:
+        hf_batch = args.hf_batch_size or batch
+        subset = requests
+        if args.hf_num_prompts and args.hf_num_prompts < len(requests):
+            k = args.hf_num_prompts
+            subset = [requests[i * len(requests) // k] for i in range(k)]
+        hf = load_hf_model(args.model, dtype, device)
+        hf_run = run_hf(hf, subset, hf_batch, args.temperature, args.seed)
+        del hf
+        hf_rate = hf_run.output_tokens_per_s
+        metrics.update(hf_output_tokens_per_s=hf_rate, ratio_vs_hf=metrics["output_tokens_per_s"] / hf_rate,
+                       hf_elapsed_s=hf_run.seconds, hf_num_requests=hf_run.num_requests, hf_batch_size=hf_batch,
+                       hf_output_tokens=hf_run.output_tokens, hf_generated_tokens=hf_run.generated_tokens)
+        rows.append((f"transformers generate, static batches of {hf_batch}"
+                     + (f", {hf_run.num_requests} of the requests" if subset is not requests else ""),
+                     hf_run.output_tokens, hf_run.seconds, hf_rate, metrics["ratio_vs_hf"]))
+    table = format_table(rows, ("run", "output tokens", "seconds", "output tokens/s", "Heron / this"))
+    header = (f"{name}: {len(requests)} requests, prompts {args.input_len_range[0]}-{args.input_len_range[1]}, "
+              f"outputs {args.output_len_range[0]}-{args.output_len_range[1]} tokens, {device}, {metrics['dtype']}")
+    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)

@@ -1,0 +1,70 @@
+"""`heron serve` flags and the EngineConfig they make; no server, no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from heron.entrypoints.cli import build_parser
+from heron.entrypoints.openai.cli import api_keys, engine_config
+
+ISSUE_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len",
+               "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
+               "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed", "--swap-space",
+               "--scheduling-policy", "--chat-template", "--device", "--uvicorn-log-level", "--enable-log-requests",
+               "--max-waiting-requests", "--shutdown-timeout"]
+
+
+def _serve_parser():
+    parser = build_parser()
+    return next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["serve"]
+
+
+def test_help_documents_every_flag():
+    text = _serve_parser().format_help()
+    for flag in ISSUE_FLAGS:
+        assert flag in text, flag
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.delenv("HERON_HOST", raising=False)
+    monkeypatch.delenv("HERON_PORT", raising=False)
+    monkeypatch.delenv("HERON_API_KEY", raising=False)
+    args = build_parser().parse_args(["serve"])
+    assert (args.model, args.host, args.port) == (None, "127.0.0.1", 8000)
+    assert not args.enable_log_requests and args.enable_prefix_caching and api_keys(args) == []
+    cfg = engine_config(args)
+    assert cfg.model.model is None and cfg.scheduler.policy == "fcfs" and cfg.cache.block_size == 16
+
+
+def test_environment_defaults(monkeypatch):
+    monkeypatch.setenv("HERON_HOST", "0.0.0.0")
+    monkeypatch.setenv("HERON_PORT", "9001")
+    monkeypatch.setenv("HERON_API_KEY", "k3,k4")
+    args = build_parser().parse_args(["serve", "--api-key", "k1", "k2"])
+    assert (args.host, args.port) == ("0.0.0.0", 9001)
+    assert api_keys(args) == ["k1", "k2", "k3", "k4"]
+
+
+def test_flags_reach_the_engine_config(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    args = build_parser().parse_args([
+        "serve", "some/model", "--served-model-name", "a", "b", "--max-model-len", "512", "--gpu-memory-utilization",
+        "0.5", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024", "--block-size", "32",
+        "--no-enable-prefix-caching", "--dtype", "bfloat16", "--seed", "3", "--swap-space", "1.5",
+        "--scheduling-policy", "priority", "--chat-template", str(template), "--device", "cpu"])
+    cfg = engine_config(args)
+    assert (cfg.model.model, cfg.model.served_model_name, cfg.model.max_model_len) == ("some/model", "a", 512)
+    assert (cfg.model.dtype, cfg.model.seed, cfg.model.chat_template) == ("bfloat16", 3, template.read_text())
+    assert (cfg.cache.gpu_memory_utilization, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
+            cfg.cache.swap_space) == (0.5, 32, False, 1.5)
+    assert (cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens, cfg.scheduler.policy) == (8, 1024,
+                                                                                                      "priority")
+    assert cfg.device == "cpu"
+
+
+@pytest.mark.parametrize("flag,value", [("--scheduling-policy", "lifo"), ("--dtype", "int3"),
+                                        ("--uvicorn-log-level", "loud")])
+def test_bad_choices_are_rejected(flag, value):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", flag, value])

@@ -1,0 +1,197 @@
+"""The server around the endpoints: auth, errors, metrics, docs, tokenizer routes, disconnects, and many
+streams at once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+from remote_server import API_KEY, ENV_API_KEY, MAX_MODEL_LEN, MODEL
+
+pytestmark = pytest.mark.slow
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def test_auth(server):
+    url = f"{server.url}/v1/models"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": API_KEY}).status_code == 401  # no Bearer scheme
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}).status_code == 401
+    err = httpx.post(f"{server.url}/v1/completions", content=b"{oops").json()["error"]
+    assert err["code"] == "invalid_api_key"  # the key is checked before the body is read
+    for key in (API_KEY, ENV_API_KEY):
+        assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    for open_path in ("/health", "/metrics", "/version", "/docs", "/openapi.json"):
+        assert httpx.get(f"{server.url}{open_path}").status_code == 200, open_path
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").models.list()
+
+
+LONG_PROMPT = "word " * (MAX_MODEL_LEN + 10)
+
+BAD_INPUTS = [
+    # (path, body, status, error.param)
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "Hi", "top_k": -5}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "Hi", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "Hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"prompt": "Hi", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "min_tokens": 9, "max_tokens": 2}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"1": 500}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/completions", {"prompt": "Hi", "suffix": "!"}, 400, "suffix"),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [10**9]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": LONG_PROMPT}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model"),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_INPUTS,
+                         ids=[f"{p}:{','.join(b) or 'empty'}:{s}" for p, b, s, _ in BAD_INPUTS])
+def test_bad_input(server, path, body, status, param):
+    r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+    assert err["type"] == "invalid_request_error" and set(err) == {"message", "type", "param", "code"}
+
+
+def test_bad_bodies_and_routes(server):
+    url = f"{server.url}/v1/chat/completions"
+    r = httpx.post(url, content=b'{"messages": [', headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert httpx.post(url, content=b"", headers={**AUTH, "content-type": "application/json"}).status_code == 400
+    assert httpx.get(f"{server.url}/v1/nothing", headers=AUTH).json()["error"]["code"] == "not_found"
+    assert httpx.get(url, headers=AUTH).status_code == 405
+    # The server still answers after all of that.
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_tokenize_detokenize_version(server):
+    tok = httpx.post(f"{server.url}/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
+    assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == MAX_MODEL_LEN
+    detok = httpx.post(f"{server.url}/detokenize", json={"tokens": tok["tokens"]}, headers=AUTH).json()
+    assert detok["prompt"] == "Hello world"
+    chat = httpx.post(f"{server.url}/tokenize", json={"messages": CHAT}, headers=AUTH).json()
+    assert chat["count"] > tok["count"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", httpx.get(f"{server.url}/version").json()["version"])
+
+
+EXPECTED_METRICS = {
+    "gauge": ["heron:num_requests_running", "heron:num_requests_waiting", "heron:kv_cache_usage_perc"],
+    "counter": ["heron:prompt_tokens", "heron:generation_tokens", "heron:request_success",
+                "heron:num_preemptions", "heron:prefix_cache_queries", "heron:prefix_cache_hits"],
+    "histogram": ["heron:time_to_first_token_seconds", "heron:inter_token_latency_seconds",
+                  "heron:e2e_request_latency_seconds", "heron:request_queue_time_seconds"],
+}
+
+
+def test_metrics(server, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(model=MODEL, prompt="Count: 1, 2,", max_tokens=3, temperature=0)
+    r = httpx.get(f"{server.url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for kind, names in EXPECTED_METRICS.items():
+        for name in names:
+            assert families[name].type == kind, name
+            assert all(s.labels["model_name"] == MODEL for s in families[name].samples)
+    m = server.metrics()
+    assert m["heron:prompt_tokens_total"] > 0 and m["heron:generation_tokens_total"] >= 3
+    assert m["heron:request_success_total{finished_reason=length}"] >= 1
+    assert m["heron:e2e_request_latency_seconds_count"] >= 1 and m["heron:inter_token_latency_seconds_count"] >= 2
+    assert m["heron:prefix_cache_queries_total"] >= m["heron:prefix_cache_hits_total"]
+
+
+def test_docs_are_served_offline(server):
+    html = httpx.get(f"{server.url}/docs").text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert any(a.endswith(".js") for a in assets) and any(a.endswith(".css") for a in assets)
+    assert "http://" not in html and "https://" not in html
+    for asset in assets:
+        r = httpx.get(f"{server.url}{asset}")
+        assert asset.startswith("/") and r.status_code == 200 and len(r.content) > 100, asset
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/health"):
+        assert path in spec["paths"]
+
+
+def _wait_idle(server, timeout: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = server.metrics()
+        idle = m["heron:num_requests_running"] == 0 and m["heron:num_requests_waiting"] == 0
+        if (idle and m["heron:kv_cache_usage_perc"] == 0) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_disconnect_aborts_and_frees_blocks(server, stream):
+    before = server.metrics()
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "ignore_eos": True,
+            "stream": stream}
+    with httpx.Client(timeout=httpx.Timeout(60, read=None if stream else 1.5)) as http:
+        if stream:
+            with http.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")  # generating: now hang up
+                m = server.metrics()
+                assert m["heron:num_requests_running"] == 1 and m["heron:kv_cache_usage_perc"] > 0
+        else:
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up while the server generates
+                http.post(f"{server.url}/v1/completions", json=body, headers=AUTH)
+    m = _wait_idle(server)
+    assert m["heron:num_requests_running"] == 0 and m["heron:kv_cache_usage_perc"] == 0
+    key = "heron:request_success_total{finished_reason=abort}"
+    assert m[key] == before[key] + 1
+    assert m["heron:generation_tokens_total"] - before["heron:generation_tokens_total"] < 500
+
+
+def test_50_concurrent_streams_match_solo_runs(server):
+    prompts = ["The sky is", "My favourite food is", "Python is a", "In 1990,", "The best way to learn is"]
+    kw = dict(model=MODEL, max_tokens=8, temperature=0)
+
+    async def stream(aclient, prompt: str) -> str:
+        chunks = await aclient.completions.create(prompt=prompt, stream=True, **kw)
+        return "".join([c.choices[0].text async for c in chunks])
+
+    async def run():
+        async with server.async_client(timeout=300) as aclient:
+            solo = [(await aclient.completions.create(prompt=p, **kw)).choices[0].text for p in prompts]
+            many = await asyncio.gather(*(stream(aclient, prompts[i % len(prompts)]) for i in range(50)))
+            return solo, many
+
+    solo, many = asyncio.run(run())
+    assert many == [solo[i % len(prompts)] for i in range(50)]
+    assert _wait_idle(server)["heron:kv_cache_usage_perc"] == 0
