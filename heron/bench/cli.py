@@ -13,6 +13,7 @@ from heron.bench.report import RESULTS_DIR
 BENCHMARKS = {
     "throughput": "heron.bench.throughput",
     "latency": "heron.bench.latency",
+    "serve": "heron.bench.serve",
 }
 
 

@@ -33,15 +33,21 @@ class HFRun:
         return self.output_tokens / self.seconds
 
 
-def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device):
+def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device, load_format: str = "auto"):
     """The same weights Heron loads for `model`. A Hugging Face folder or hub id goes through
     `from_pretrained`; a GGUF file (None: the embedded model) through Heron's own GGUF reader, whose
     dequantized tensors equal transformers' (tests/models/test_gguf_loader.py), since transformers'
-    GGUF path needs `accelerate`, which Heron does not install."""
+    GGUF path needs `accelerate`, which Heron does not install. `load_format="dummy"`: transformers'
+    own random initialisation in the shapes of the folder's config.json, made on the device (the values
+    differ from Heron's random weights; with ignore_eos and fixed lengths the work does not depend on them)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from heron.models.loader import load_source
 
+    if load_format == "dummy":
+        with torch.device(device):
+            hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=dtype)
+        return hf.eval()
     if model is not None and not model.endswith(".gguf"):
         return AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     source = load_source(model)

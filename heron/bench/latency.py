@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf_baseline:
         from heron.bench.hf_baseline import load_hf_model, run_hf_latency
 
-        hf = load_hf_model(args.model, dtype, device)
+        hf = load_hf_model(args.model, dtype, device, args.load_format)
         hf_metrics = run_hf_latency(hf, prompts[1], args.output_len, args.temperature, args.num_iters)
         del hf
         metrics.update(hf_metrics, ratio_vs_hf=hf_metrics["hf_decode_ms_per_token"] / median["decode_ms_per_token"])

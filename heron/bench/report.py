@@ -28,7 +28,10 @@ def device_name(device: torch.device | str) -> str:
 
 
 def git_commit() -> str:
-    """HEAD of the checkout Heron runs from, or 'unknown' (not a checkout, no git)."""
+    """HEAD of the checkout Heron runs from, or $HERON_COMMIT where the tree travelled without its .git
+    (the GPU machine), or 'unknown'."""
+    if os.environ.get("HERON_COMMIT"):
+        return os.environ["HERON_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -41,7 +44,7 @@ def git_commit() -> str:
 def command_line(argv: list[str] | None = None) -> str:
     """The command as a user would type it: `heron bench ...` when run through the console script."""
     argv = list(sys.argv if argv is None else argv)
-    if argv and os.path.basename(argv[0]) == "heron":
+    if argv and os.path.basename(argv[0]) in ("heron", "cli.py"):
         argv[0] = "heron"
     return shlex.join(argv)
 

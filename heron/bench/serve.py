@@ -353,7 +353,10 @@ async def served_model(session, base_url: str, api_key: str | None) -> str:
 
 
 async def benchmark(args: argparse.Namespace) -> int:
-    import aiohttp
+    try:
+        import aiohttp
+    except ImportError:
+        raise ImportError("heron bench serve needs aiohttp: pip install aiohttp (or heron[bench])") from None
 
     from heron.bench import serve_report
 
@@ -363,8 +366,11 @@ async def benchmark(args: argparse.Namespace) -> int:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=True) as session:
         try:
             model = args.model or await served_model(session, args.base_url, args.api_key)
-        except (aiohttp.ClientError, OSError, RuntimeError) as e:
+        except (aiohttp.ClientError, OSError) as e:
             print(f"error: cannot reach {args.base_url}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 1
         offline = offline_throughput(args.offline_result) if args.offline_result else None
         tokenizer = load_tokenizer(args.tokenizer, model)
@@ -432,7 +438,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         validate(args)
         return run(benchmark(args))
-    except (ValueError, OSError) as e:  # a bad dataset or tokenizer: the message names it
+    except (ValueError, OSError, ImportError) as e:  # a bad dataset or tokenizer: the message names it
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> dict:
         if args.hf_num_prompts and args.hf_num_prompts < len(requests):
             k = args.hf_num_prompts
             subset = [requests[i * len(requests) // k] for i in range(k)]
-        hf = load_hf_model(args.model, dtype, device)
+        hf = load_hf_model(args.model, dtype, device, args.load_format)
         hf_run = run_hf(hf, subset, hf_batch, args.temperature, args.seed)
         del hf
         hf_rate = hf_run.output_tokens_per_s

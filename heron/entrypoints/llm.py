@@ -40,6 +40,10 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation_config.json defaults (temperature, top_p, ...)."""
+        return SamplingParams(**self.engine.generation_defaults)
+
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Seq[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt is a string or a
@@ -49,7 +53,7 @@ class LLM:
     def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool):
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = _per_prompt(sampling_params or SamplingParams(), len(prompts), "sampling_params")
+        params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts), "sampling_params")
         priority = _per_prompt(list(priority) if priority is not None else 0, len(prompts), "priority")
         ids = []
         try:

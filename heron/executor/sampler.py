@@ -3,10 +3,17 @@
 Randomness is counter-based: the noise for (request seed, sample index, output position, token) is a
 hash of those four numbers, so a seeded request draws the same tokens whatever else shares its batch,
 and no per-request generator or Python loop is needed.
+
+The draw (`sample_tokens_torch`, and `heron.kernels.sampling.sample_tokens`, its one-pass Triton twin used
+for CUDA logits) is the exponential race argmax(p / E), E = -log(u), taken in log space: argmax over the
+kept tokens of `logit / T + g`, g = -log(-log(u)). Top-k, top-p and min-p become one per-row logit
+threshold (`sampling_thresholds`, shared by both paths): a token is kept iff its logit >= the threshold.
+Greedy rows (T = 0) take the argmax. Ties go to the lowest token id.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +23,9 @@ from heron.engine.request import Sequence
 _M1 = -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
 _M2 = -7723592293110705685  # 0x94d049bb133111eb
 _GOLDEN = -7046029254386353131  # 0x9e3779b97f4a7c15
+# Top-p looks for its cut-off among each row's this many highest logits (a full sort only for rows whose
+# nucleus is larger; rows with top-k are always covered, the candidates being at least max top-k).
+TOP_P_CANDIDATES = 1024
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -31,11 +41,17 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R, V] uniforms in (0, 1), a pure function of (seeds[r], counters[r], v)."""
+    """[R, V] float64 uniforms in (0, 1), a pure function of (seeds[r], counters[r], v): (k + 1/2) / 2^52
+    for 52 hash bits k, exact in float64 (so never 0 or 1)."""
     row = _mix(_mix(seeds) + counters * _GOLDEN)
     v = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _shr(_mix(row[:, None] + v[None, :] * _GOLDEN), 11)  # 53 random bits
-    return (bits.double() + 0.5) * (1.0 / (1 << 53))
+    bits = _shr(_mix(row[:, None] + v[None, :] * _GOLDEN), 12)  # 52 random bits
+    return (bits.double() + 0.5) * (1.0 / (1 << 52))
+
+
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[R, V] float32 Gumbel(0, 1) noise -log(-log(u)), both logs in float64."""
+    return (-torch.log(-torch.log(uniform_noise(seeds, counters, vocab_size)))).float()
 
 
 @dataclass
@@ -60,6 +76,9 @@ class SamplingTensors:
     need_top_k_top_p: bool
     need_min_p: bool
     max_logprobs: int  # -1: no row wants logprobs
+    # Host-side summaries (None: derived from the tensors, at the cost of a device sync).
+    max_top_k: int | None = None  # largest top-k below the vocab size among sampled rows; 0: none
+    need_top_p: bool | None = None  # some sampled row has top_p < 1
 
     @classmethod
     def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device) -> SamplingTensors:
@@ -99,6 +118,8 @@ class SamplingTensors:
             need_top_k_top_p=any(k < vocab or p.top_p < 1.0 for k, p in zip(top_k, params)),
             need_min_p=any(p.min_p > 0 for p in params),
             max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
+            max_top_k=max((k for k, p in zip(top_k, params) if k < vocab and not p.greedy), default=0),
+            need_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
         )
 
 
@@ -124,41 +145,121 @@ def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits - t.presence_penalty[:, None] * (out_counts > 0).to(logits.dtype)
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) everything outside each row's top-k and smallest top-p nucleus."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(logits.shape[1], device=logits.device)[None, :]
-    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    # A token stays if the mass strictly before it is under top_p: the first token always stays.
-    before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(before >= top_p[:, None], float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+def sampling_thresholds(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor | None:
+    """[R] float32 logit thresholds from top-k, top-p and min-p (a sampled row keeps the tokens whose logit is
+    >= its threshold; -inf keeps all), or None when no row restricts its tokens. Greedy rows' values are
+    unused. Ties at a cut-off value are all kept.
+
+    - top-k: the k-th largest logit (one `topk` over the rows, of the largest k asked for);
+    - top-p: on softmax(top-k-masked logits / T), the logit of the last token of the smallest descending
+      prefix whose mass reaches top_p (the mass strictly before it is < top_p). Searched among the
+      TOP_P_CANDIDATES highest logits (the same `topk`, normalised by the full row's log-sum-exp); only rows
+      whose nucleus is larger are sorted in full;
+    - min-p: max logit + T * log(min_p) (p >= min_p * p_max in logit space)."""
+    rows, vocab = logits.shape
+    top_k, top_p, min_p = t.top_k, t.top_p, t.min_p
+    kmax = t.max_top_k
+    if kmax is None:
+        capped = top_k[top_k < vocab]
+        kmax = int(capped.max()) if capped.numel() else 0
+    need_top_p = t.need_top_p if t.need_top_p is not None else bool((top_p < 1.0).any())
+    if kmax == 0 and not need_top_p and not t.need_min_p:
+        return None
+    temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature)).float()
+    thr = torch.full((rows,), float("-inf"), dtype=torch.float32, device=logits.device)
+    num_cand = min(vocab, max(kmax, TOP_P_CANDIDATES if need_top_p else 0))
+    top = logits.topk(num_cand, dim=-1).values.float() if num_cand else None  # [R, C], descending
+    if kmax:
+        kth = top.gather(1, (top_k.clamp(1, num_cand) - 1)[:, None])[:, 0]
+        thr = torch.where(top_k < vocab, kth, thr)
+    if need_top_p:
+        thr = torch.maximum(thr, _top_p_thresholds(logits, top, top_k, top_p, temp))
+    if t.need_min_p:
+        row_max = top[:, 0] if top is not None else logits.amax(dim=-1).float()
+        thr = torch.where(min_p > 0, torch.maximum(thr, row_max + temp * torch.log(min_p)), thr)
+    return thr
+
+
+def _top_p_thresholds(logits: torch.Tensor, top: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                      temp: torch.Tensor) -> torch.Tensor:
+    vocab, num_cand = logits.shape[1], top.shape[1]
+    rank = torch.arange(num_cand, device=logits.device)
+    scaled = (top / temp[:, None]).masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    covered = top_k <= num_cand  # the candidates hold every token the row's top-k allows
+    lse = torch.logsumexp(scaled, dim=-1)
+    if num_cand < vocab:  # rows without top-k: normalise over the whole row
+        lse = torch.where(covered, lse, torch.logsumexp(logits.float() / temp[:, None], dim=-1))
+    n_keep, cut = _nucleus(top, scaled, lse, top_p)
+    if num_cand < vocab:
+        missed = ~covered & (n_keep >= num_cand) & (top_p < 1.0)  # the cut-off lies past the candidates
+        if bool(missed.any()):
+            idx = missed.nonzero()[:, 0]
+            full = logits[idx].float().sort(dim=-1, descending=True).values  # no top-k: nothing masked
+            cut = cut.index_put((idx,), _nucleus(full, full / temp[idx, None], lse[idx], top_p[idx])[1])
+    return torch.where(top_p < 1.0, cut, torch.full_like(cut, float("-inf")))
+
+
+def _nucleus(values: torch.Tensor, scaled: torch.Tensor, lse: torch.Tensor,
+             top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [R, C] descending and their scaled (masked) logits -> (tokens kept, cut-off value) per row."""
+    probs = torch.exp(scaled - lse[:, None])
+    before = torch.cumsum(probs, dim=-1)
+    before = torch.cat([torch.zeros_like(before[:, :1]), before[:, :-1]], dim=1)  # mass strictly before
+    n_keep = (before < top_p[:, None]).sum(dim=-1).clamp(min=1)
+    return n_keep, values.gather(1, (n_keep - 1)[:, None])[:, 0]
+
+
+def sample_tokens_torch(logits: torch.Tensor, temperature: torch.Tensor, thresholds: torch.Tensor | None,
+                        seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """The draw in PyTorch ([R, V] temporaries): the reference for heron.kernels.sampling.sample_tokens,
+    which computes the same tokens in one pass. Greedy rows (temperature 0): argmax of the logits; others:
+    argmax over tokens with logit >= threshold of logit / T + Gumbel noise; lowest id on ties."""
+    x = logits.float()
+    greedy = x.argmax(dim=-1)
+    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    keep = x >= (thresholds[:, None] if thresholds is not None else float("-inf"))  # NaN never kept
+    score = torch.where(keep, x / temp[:, None], float("-inf")) + gumbel_noise(seeds, counters, x.shape[1])
+    return torch.where(temperature > 0, score.argmax(dim=-1), greedy)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_sample_tokens():
+    try:
+        from heron.kernels.sampling import sample_tokens
+    except Exception:  # no (working) Triton
+        return None
+    return sample_tokens
 
 
 class Sampler:
+    def __init__(self, backend: str = "auto"):
+        """backend: "auto" (the Triton kernel for CUDA logits when Triton imports, else PyTorch), "torch" or
+        "triton" (also on CPU tensors, under TRITON_INTERPRET=1)."""
+        assert backend in ("auto", "torch", "triton"), backend
+        self.backend = backend
+
+    def _draw(self, logits: torch.Tensor):
+        if self.backend == "torch":
+            return sample_tokens_torch
+        kernel = _triton_sample_tokens()
+        if self.backend == "triton":
+            assert kernel is not None, "Triton is not available"
+            return kernel
+        return kernel if kernel is not None and logits.is_cuda else sample_tokens_torch
+
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
         """logits [R, V] float32 -> sampled ids; logprobs come from the raw logits, as in vLLM."""
-        raw_logprobs = logits.log_softmax(dim=-1) if t.max_logprobs >= 0 else None
+        raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32) if t.max_logprobs >= 0 else None
         if t.bias_rows is not None:
-            logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values, accumulate=True)
+            logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values.to(logits.dtype),
+                                      accumulate=True)
         if t.repetition_penalty is not None:
             logits = apply_penalties(logits, t)
-        greedy = logits.argmax(dim=-1)
         if t.all_greedy:
-            token_ids = greedy
+            token_ids = logits.argmax(dim=-1)
         else:
-            temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
-            logits = logits / temp[:, None]
-            if t.need_top_k_top_p:
-                logits = apply_top_k_top_p(logits, t.top_k, t.top_p)
-            probs = logits.softmax(dim=-1)
-            if t.need_min_p:
-                probs = probs.masked_fill(probs < t.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
-            # Exponential race: argmax p / E with E ~ Exp(1) draws from p (normalising is unneeded).
-            exp_noise = -torch.log(uniform_noise(t.seeds, t.counters, logits.shape[1])).float()
-            sampled = (probs / exp_noise).argmax(dim=-1)
-            token_ids = torch.where(t.temperature > 0, sampled, greedy)
+            thresholds = sampling_thresholds(logits, t)
+            token_ids = self._draw(logits)(logits, t.temperature, thresholds, t.seeds, t.counters)
         if raw_logprobs is None:
             return SamplerOutput(token_ids, None, None)
         ids, lps = gather_logprobs(raw_logprobs, token_ids, t.max_logprobs)

@@ -1,5 +1,6 @@
-"""The building blocks every supported family shares, in plain PyTorch. The GPU issue swaps in fused
-kernels behind these same modules."""
+"""The building blocks every supported family shares. On CUDA tensors RMSNorm (with the residual add),
+the per-head q/k norm with RoPE, and silu_and_mul each run as one Triton kernel (heron/kernels/rmsnorm.py,
+rope.py, activation.py); elsewhere the PyTorch code here runs, which is also the kernels' reference."""
 
 from __future__ import annotations
 
@@ -17,18 +18,40 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """With `residual`: adds it first and returns (normed, new residual), the pre-norm pattern."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(dtype)
-        return out if residual is None else (out, residual)
+        """With `residual`: adds it first and returns (normed, new residual), the pre-norm pattern.
+        One Triton kernel on CUDA (heron/kernels/rmsnorm.py), the PyTorch code below elsewhere."""
+        if x.is_cuda:
+            from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return rms_norm_torch(x, self.weight, self.eps, residual)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """RMSNorm in PyTorch (float32 statistics): the CPU path and the reference for the Triton kernel."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(dtype)
+    return out if residual is None else (out, residual)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> silu(gate) * up [..., I]: one Triton kernel on CUDA (heron/kernels/activation.py)."""
+    if x.is_cuda:
+        from heron.kernels.activation import silu_and_mul as silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return silu_and_mul_torch(x)
+
+
+def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """silu_and_mul in PyTorch: the CPU path and the reference for the Triton kernel."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -67,10 +90,26 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq).to(self.cos_sin.device)
         self.cos_sin.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, H, D], k [T, Hkv, D] -> rotated copies."""
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+        """q [T, H, D], k [T, Hkv, D] -> rotated copies; with q_norm / k_norm (Qwen3) each head is
+        RMS-normalised first. One Triton kernel on CUDA (heron/kernels/rope.py), PyTorch elsewhere."""
+        norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
+        if q.is_cuda:
+            from heron.kernels.rope import apply_rope
+
+            return apply_rope(q, k, positions, self.cos_sin, *norm)
+        return rope_torch(q, k, positions, self.cos_sin, *norm)
+
+
+def rope_torch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+               q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+               eps: float = 1e-6):
+    """Optional per-head RMSNorm, then RoPE, in PyTorch: the CPU path and the reference for the Triton kernel."""
+    if q_norm_weight is not None:
+        q, k = rms_norm_torch(q, q_norm_weight, eps), rms_norm_torch(k, k_norm_weight, eps)
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

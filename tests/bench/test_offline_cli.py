@@ -44,12 +44,14 @@ def test_throughput_with_hf_baseline_saves_the_result(tiny_model_dir, tmp_path, 
     assert 0 < m["fraction_of_limit"] and m["limit_bound_by"] in ("memory", "compute")
 
 
-def test_throughput_hf_subset_and_no_limit(tiny_model_dir, tmp_path):
+def test_throughput_dummy_weights_hf_subset_no_limit(tiny_model_dir, tmp_path):
+    """--load-format dummy (random weights on both sides, the GPU benchmarks' case)."""
     parser = argparse.ArgumentParser()
     throughput.add_cli_args(parser)
     args = parser.parse_args(["--model", tiny_model_dir("llama"), *TINY_ENGINE, "--num-prompts", "6",
                               "--input-len-range", "4", "--output-len-range", "2,3", "--batch-size", "3",
-                              "--hf-baseline", "--hf-num-prompts", "2", "--no-limit", "--temperature", "0"])
+                              "--hf-baseline", "--hf-num-prompts", "2", "--no-limit", "--temperature", "0",
+                              "--load-format", "dummy", "--max-model-len", "64"])
     result = throughput.run(args)
     m = result["metrics"]
     assert m["num_requests"] == 6 and m["hf_num_requests"] == 2 and m["hf_batch_size"] == 3

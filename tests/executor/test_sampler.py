@@ -104,3 +104,52 @@ def test_logprobs_are_log_softmax_of_the_raw_logits(k):
     if k:
         assert torch.allclose(out.logprobs[:, 1:], ref.topk(k).values)
         assert math.isclose(out.logprobs[0, 1].item(), ref[0].max().item(), rel_tol=1e-6)
+
+
+def _kept_by_definition(x: torch.Tensor, p: SamplingParams) -> set[int]:
+    """Top-k by rank, then the top-p nucleus of softmax(x / T) over those, then min-p; in float64."""
+    x = x.double()
+    order = x.argsort(descending=True)
+    k = p.top_k if p.top_k > 0 else len(x)
+    allowed = order[:k]
+    probs = torch.softmax(x[allowed] / p.temperature, -1)
+    before = torch.cumsum(probs, 0) - probs
+    keep = (before < p.top_p) & (probs >= p.min_p * probs.max())
+    return set(allowed[keep].tolist())
+
+
+@pytest.mark.parametrize("candidates", [1024, 8])  # 8 < V: the full-sort fallback for wide nuclei
+def test_thresholds_match_their_definitions(monkeypatch, candidates):
+    import heron.executor.sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "TOP_P_CANDIDATES", candidates)
+    params = [SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.8, top_p=0.9),
+              SamplingParams(temperature=1.5, top_p=0.3), SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
+              SamplingParams(temperature=0.7, min_p=0.2), SamplingParams(temperature=2.0, top_k=12, min_p=0.3),
+              SamplingParams(temperature=1.0, top_p=0.99), SamplingParams(temperature=1.0)]
+    torch.manual_seed(4)
+    logits = torch.randn(len(params), V)
+    t = SamplingTensors.build(rows_for(params), V, torch.device("cpu"))
+    thr = sampler_mod.sampling_thresholds(logits, t)
+    for r, p in enumerate(params):
+        assert set((logits[r] >= thr[r]).nonzero()[:, 0].tolist()) == _kept_by_definition(logits[r], p), r
+    assert thr[-1] == float("-inf")
+    # host summaries left out: derived from the tensors, same result
+    t.max_top_k, t.need_top_p = None, None
+    assert torch.equal(sampler_mod.sampling_thresholds(logits, t), thr)
+
+
+def test_no_thresholds_without_restrictions():
+    from heron.executor.sampler import sampling_thresholds
+
+    t = SamplingTensors.build(rows_for([SamplingParams(temperature=0.9)] * 2), V, torch.device("cpu"))
+    assert sampling_thresholds(torch.randn(2, V), t) is None
+
+
+def test_top_k_top_p_min_p_draws_stay_in_the_kept_set():
+    torch.manual_seed(5)
+    logits = torch.randn(1, V).expand(300, V).clone()
+    for p in [SamplingParams(temperature=1.2, top_k=4, top_p=0.8), SamplingParams(temperature=0.6, min_p=0.25)]:
+        ids = sample(logits, [p] * 300, seeds=list(range(300))).token_ids
+        kept = _kept_by_definition(logits[0], p)
+        assert set(ids.tolist()) <= kept and len(set(ids.tolist())) == len(kept) > 1

@@ -33,9 +33,8 @@ from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM
 from heron.entrypoints.openai.cli import api_keys, engine_config
 from heron.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                               CompletionResponse, DetokenizeRequest, DetokenizeResponse,
-                                               ErrorResponse, ModelCard, ModelList, TokenizeRequest,
-                                               TokenizeResponse, VersionResponse)
+                                               CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                                               ModelCard, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse)
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from heron.entrypoints.openai.serving_engine import ApiError, ClientDisconnected
@@ -55,7 +54,6 @@ class ServerState:
     """What the routes need; the engine and its serving objects appear once the model has loaded."""
 
     args: argparse.Namespace
-    config: EngineConfig
     served_model_names: list[str]
     metrics: ServerMetrics
     on_load_failure: Callable[[], None] = lambda: None
@@ -199,7 +197,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`).
         err = max(e.errors(), key=lambda err: len(err["loc"]))
         if err["type"] == "json_invalid":
-            return ApiError(400, f"The body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}").response()
+            why = err.get("ctx", {}).get("error", err["msg"])
+            return ApiError(400, f"The body is not valid JSON: {why}").response()
         param = _validation_param(tuple(err["loc"]))
         return ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param).response()
 
@@ -218,7 +217,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     names = args.served_model_name or [args.model or EMBEDDED_NAME]
-    state = ServerState(args=args, config=config, served_model_names=names,
+    state = ServerState(args=args, served_model_names=names,
                         metrics=ServerMetrics(names[0], lambda: state.engine.get_stats() if state.engine else None))
 
     @contextlib.asynccontextmanager

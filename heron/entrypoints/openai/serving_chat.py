@@ -14,10 +14,9 @@ from fastapi.responses import StreamingResponse
 from heron.engine.async_llm import EngineDeadError
 from heron.entrypoints.openai.protocol import (ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest,
                                                ChatCompletionResponse, ChatCompletionResponseChoice,
-                                               ChatCompletionStreamChoice, ChatMessage,
-                                               ChatTokenLogprob, ChatTopLogprob, DeltaMessage, UsageInfo)
-from heron.entrypoints.openai.serving_engine import (ApiError, OpenAIServing, last, sse, sse_error,
-                                                     until_disconnected)
+                                               ChatCompletionStreamChoice, ChatMessage, ChatTokenLogprob,
+                                               ChatTopLogprob, DeltaMessage, UsageInfo)
+from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing, last, sse, sse_error, until_disconnected
 from heron.outputs import Logprobs, RequestOutput
 
 
@@ -59,12 +58,15 @@ class OpenAIServingChat(OpenAIServing):
             yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
         sent_text = [0] * req.n
         sent_tokens = [0] * req.n
+        finished: set[int] = set()  # a finished sample stays in the request's later outputs: said once
         out = None
         try:
             async with aclosing(stream):
                 async for out in stream:
                     for c in out.outputs:
                         i = c.index
+                        if i in finished:
+                            continue
                         text = c.text[sent_text[i]:]
                         new_ids = c.token_ids[sent_tokens[i]:]
                         lps = (c.logprobs or [])[sent_tokens[i]:]
@@ -72,6 +74,8 @@ class OpenAIServingChat(OpenAIServing):
                         sent_tokens[i] = len(c.token_ids)
                         if not (text or c.finish_reason or (req.logprobs and new_ids)):
                             continue
+                        if c.finish_reason:
+                            finished.add(i)
                         yield chunk([ChatCompletionStreamChoice(
                             index=i, delta=DeltaMessage(content=text) if text else DeltaMessage(),
                             finish_reason=c.finish_reason,

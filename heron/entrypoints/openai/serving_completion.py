@@ -4,7 +4,6 @@ sample j, as in OpenAI's API."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -57,6 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
         the last; a usage chunk when asked; then [DONE]."""
         sent_text: dict[int, int] = {}  # choice index -> characters sent (echoed prompt included)
         sent_tokens: dict[int, int] = {}
+        finished: set[int] = set()  # a finished sample stays in its request's later outputs: said once
         latest: dict[int, RequestOutput] = {}
         try:
             async with aclosing(merge(streams)) as merged:
@@ -64,6 +64,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     latest[i] = out
                     for c in out.outputs:
                         idx = i * req.n + c.index
+                        if idx in finished:
+                            continue
                         first = idx not in sent_text
                         text = c.text[sent_text.get(idx, 0):]
                         done_ids = sent_tokens.get(idx, 0)
@@ -80,6 +82,8 @@ class OpenAIServingCompletion(OpenAIServing):
                                                _end(logprobs) if first else sent_text[idx])
                         sent_text[idx] = sent_text.get(idx, 0) + len(text)
                         sent_tokens[idx] = len(c.token_ids)
+                        if c.finish_reason:
+                            finished.add(idx)
                         choice = CompletionResponseChoice(index=idx, text=text, logprobs=logprobs,
                                                           finish_reason=c.finish_reason)
                         yield sse(head.model_copy(update={"choices": [choice]}).model_dump_json())

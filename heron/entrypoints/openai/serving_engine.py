@@ -37,8 +37,8 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def response(self) -> JSONResponse:
-        info = ErrorInfo(message=self.message, type="invalid_request_error" if self.status < 500 else "server_error", param=self.param,
-                         code=self.code)
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
         return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=self.status)
 
 
@@ -104,7 +104,7 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
 
 async def last(stream: AsyncIterator[T]) -> T:
     async with aclosing(stream):
-        async for item in stream:
+        async for item in stream:  # noqa: B007 - the last one is the answer
             pass
     return item
 
@@ -233,7 +233,8 @@ class OpenAIServing:
                 msg["name"] = m.name
             conversation.append(msg)
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
             raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from heron.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
-                                               TokenizeResponse)
+from heron.entrypoints.openai.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing
 
 

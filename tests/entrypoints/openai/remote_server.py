@@ -35,8 +35,10 @@ class RemoteServer:
         cmd = [sys.executable, "-m", "heron.entrypoints.cli", "serve", "--port", str(self.port),
                "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(256 << 20),
                "--uvicorn-log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        # One torch thread: on a small shared CPU, two OpenMP threads competing with the test client (and
+        # anything else running) make each decode step wait on descheduled threads, seconds at a time.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:

@@ -26,7 +26,8 @@ def test_plain_and_streamed_agree_for_greedy(client):
     plain, chunks, parts = parallel(
         lambda: create(), lambda: list(create(stream=True, stream_options={"include_usage": True})),
         # content as a list of text parts means the same as the joined string
-        lambda: create(messages=[MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]))
+        lambda: create(messages=[MESSAGES[0], {"role": "user", "content": [{"type": "text",
+                                                                           "text": "Name a colour."}]}]))
     assert plain.object == "chat.completion" and plain.id.startswith("chatcmpl-") and plain.model == MODEL
     [choice] = plain.choices
     assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"

@@ -71,6 +71,20 @@ def test_seeded_samples_reproduce_plain_and_streamed(client):
     assert len(set(texts.values())) > 1  # the n samples differ: sampling is on, and the seed fixes it
 
 
+def test_samples_that_stop_early_finish_once(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", n=4, max_tokens=8, temperature=1.0, seed=3, stop=["e"])
+    plain, chunks = parallel(lambda: client.completions.create(**kw),
+                             lambda: list(client.completions.create(stream=True, **kw)))
+    finishes = [c.index for chunk in chunks for c in chunk.choices if c.finish_reason]
+    assert sorted(finishes) == [0, 1, 2, 3]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in plain.choices}
+    assert any(c.finish_reason == "stop" for c in plain.choices)
+
+
 def test_logprobs_and_echo(client):
     create = partial(client.completions.create, model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
     out, echo = parallel(lambda: create(logprobs=3), lambda: create(logprobs=1, echo=True))

@@ -195,3 +195,15 @@ def test_50_concurrent_streams_match_solo_runs(server):
     solo, many = asyncio.run(run())
     assert many == [solo[i % len(prompts)] for i in range(50)]
     assert _wait_idle(server)["heron:kv_cache_usage_perc"] == 0
+
+
+def test_logs_say_how_busy_but_never_what(server, client):
+    secret = "purple elephants at midnight"
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=2)
+    deadline = time.monotonic() + 12
+    while "generation throughput" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    log = server.output()
+    assert re.search(r"prompt throughput: [\d.]+ tokens/s, avg generation throughput: [\d.]+ tokens/s, "
+                     r"running: \d+, waiting: \d+, KV cache usage: [\d.]+%, prefix cache hit rate: [\d.]+%", log)
+    assert secret not in log  # prompts are logged only with --enable-log-requests

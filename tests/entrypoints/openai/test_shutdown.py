@@ -3,6 +3,7 @@ a graceful SIGTERM that lets a stream finish and exits 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server():
-    srv = RemoteServer("--max-num-seqs", "1", "--max-waiting-requests", "1", "--shutdown-timeout", "60")
+    srv = RemoteServer("--max-num-seqs", "1", "--max-waiting-requests", "1", "--shutdown-timeout", "60",
+                       "--enable-log-requests")
     yield srv
     srv.stop(signal.SIGKILL)
 
@@ -29,33 +31,32 @@ def test_health_is_503_while_loading(server):
 def test_over_max_waiting_requests_is_503(server):
     body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True}
     url = f"{server.url}/v1/completions"
-    with httpx.Client(timeout=httpx.Timeout(30, read=None)) as http:
-        with http.stream("POST", url, json={**body, "stream": True}) as running:
-            lines = running.iter_lines()  # kept: dropping the iterator would close the connection
-            next(lines)  # the one sequence slot is taken
-            waiter = threading.Thread(target=_wait_then_give_up, args=(url, body))
-            waiter.start()
-            deadline = time.monotonic() + 10
-            while server.metrics()["heron:num_requests_waiting"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            r = http.post(url, json=body)
-            assert r.status_code == 503, r.text
-            err = r.json()["error"]
-            assert err["code"] == "server_overloaded" and err["type"] == "server_error"
-            waiter.join()
+    with httpx.Client(timeout=httpx.Timeout(30, read=None)) as http, \
+            http.stream("POST", url, json={**body, "stream": True}) as running:
+        lines = running.iter_lines()  # kept: dropping the iterator would close the connection
+        next(lines)  # the one sequence slot is taken
+        waiter = threading.Thread(target=_wait_then_give_up, args=(url, body))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while server.metrics()["heron:num_requests_waiting"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = http.post(url, json=body)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "server_overloaded" and err["type"] == "server_error"
+        waiter.join()
     deadline = time.monotonic() + 30
     while server.metrics()["heron:kv_cache_usage_perc"] > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    ok = httpx.post(url, json={**body, "max_tokens": 2}, timeout=30)
+    ok = httpx.post(url, json={**body, "prompt": "A logged prompt", "max_tokens": 2}, timeout=30)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert "A logged prompt" in server.output()  # --enable-log-requests
 
 
 def _wait_then_give_up(url: str, body: dict) -> None:
     """A request that waits for the busy sequence slot, until its client gives up."""
-    try:
+    with contextlib.suppress(httpx.ReadTimeout):
         httpx.post(url, json=body, timeout=httpx.Timeout(30, read=4))
-    except httpx.ReadTimeout:
-        pass
 
 
 def test_sigterm_lets_a_stream_finish_and_exits_0(server):

@@ -1,0 +1,50 @@
+"""SwiGLU's activation: silu(gate) * up from the fused gate/up projection [T, 2I] -> [T, I], one kernel.
+
+Program (t, j) takes columns [j * BLOCK, (j + 1) * BLOCK) of token t; the grid (T, ceil(I / BLOCK)) depends only
+on shapes (CUDA-graph capturable). Rounding follows the PyTorch reference (`heron.models.layers.
+silu_and_mul_torch`, which runs on CPU): silu(gate) = gate / (1 + exp(-gate)) in float32, rounded to the dtype,
+then times up in float32, rounded again.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.rmsnorm import fix_bf16, round_to
+from heron.models.layers import silu_and_mul_torch as silu_and_mul_ref  # noqa: F401  (the reference, re-exported)
+
+BLOCK = 1024
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
+                         FIX_BF16: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + t * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    act = round_to(gate / (1.0 + tl.exp(-gate)), out_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)  # F.silu
+    tl.store(out_ptr + t * stride_o + cols, round_to(act * up, out_ptr.dtype.element_ty, FIX_BF16), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., 2I] (last dim contiguous) -> silu(x[..., :I]) * x[..., I:] as a new tensor [..., I] (or `out`)."""
+    two_i = x.shape[-1]
+    assert two_i % 2 == 0, f"last dim must be even, got {two_i}"
+    inter = two_i // 2
+    if out is None:
+        out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
+    assert out.shape == (*x.shape[:-1], inter) and out.dtype == x.dtype and out.is_contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    x2, o2 = (x if x.dim() == 2 else x.reshape(-1, two_i)), out.view(-1, inter)
+    rows = x2.shape[0]
+    if rows > 0 and inter > 0:
+        block = min(BLOCK, triton.next_power_of_2(inter))
+        _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
+            x2, o2, inter, x2.stride(0), o2.stride(0), BLOCK=block, FIX_BF16=fix_bf16(),
+            num_warps=4 if block >= 512 else 1)
+    return out

@@ -1,0 +1,155 @@
+"""Draw one token per row from logits in one pass over the vocabulary: no [R, V] temporaries.
+
+The function computed is the sampler's (`heron.executor.sampler.sample_tokens_torch` is its PyTorch
+reference, bit for bit):
+
+- greedy rows (temperature 0): the argmax of the logits;
+- other rows: the argmax over kept tokens (logit >= the row's threshold; NaN is never kept) of
+  `logit / T + g`, where `g = -log(-log(u))` is Gumbel noise and `u` is the counter-based uniform of
+  `uniform_noise(seed, counter, token)` (splitmix64 in uint64 arithmetic, then two float64 logs, cast to
+  float32). This is the exponential race argmax(p / E), E = -log(u), taken in log space: no softmax.
+- ties: the lowest token id wins (also when every score is -inf: token 0).
+
+Grid `(R, S)`: program `(r, s)` scans split `s` (whole tiles of BLOCK tokens) of row `r`, keeping its best
+score and token; with S > 1 a second kernel `(R,)` reduces the S partials (first split wins ties, and
+splits are in token order, so the lowest id still wins). S is chosen from (R, V, #SMs) so that small
+batches still fill the GPU. Tiles whose tokens are all below the row's threshold skip the hash and logs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.common import interpreting, num_sms
+
+
+@triton.jit
+def _mix64(x):
+    """splitmix64's finaliser on uint64 (wrapping multiplies, logical shifts)."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _greedy_scan(row_ptr, V, tile0, tile1, BLOCK: tl.constexpr):
+    best = -float("inf")
+    best_idx = tile0 * BLOCK
+    for tile in range(tile0, tile1):
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, 0)
+        i = tl.argmax(x, 0)  # lowest index among ties
+        better = m > best  # strict: an earlier tile wins ties
+        best_idx = tl.where(better, tile * BLOCK + i, best_idx)
+        best = tl.where(better, m, best)
+    return best, best_idx
+
+
+@triton.jit
+def _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK: tl.constexpr):
+    best = -float("inf")
+    best_idx = tile0 * BLOCK
+    for tile in range(tile0, tile1):
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+        keep = (offs < V) & (x >= thr)
+        if tl.max(keep.to(tl.int32), 0) > 0:  # else nothing in this tile can be drawn
+            h = _mix64(key + offs.to(tl.uint64) * 0x9E3779B97F4A7C15)
+            u = ((h >> 12).to(tl.float64) + 0.5) * 2.220446049250313e-16  # (52 random bits + 1/2) / 2^52
+            g = (-tl.log(-tl.log(u))).to(tl.float32)  # Gumbel(0, 1)
+            # div_rn: correctly rounded like torch's division (Triton's default f32 division is not)
+            score = tl.where(keep, tl.math.div_rn(x, temp) + g, -float("inf"))
+            m = tl.max(score, 0)
+            i = tl.argmax(score, 0)
+            better = m > best
+            best_idx = tl.where(better, tile * BLOCK + i, best_idx)
+            best = tl.where(better, m, best)
+    return best, best_idx
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
+                   part_best_ptr, part_idx_ptr, out_ptr, V, tiles_per_split,
+                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    num_tiles = tl.cdiv(V, BLOCK)
+    tile0 = s * tiles_per_split
+    tile1 = tl.minimum(tile0 + tiles_per_split, num_tiles)
+    row_ptr = logits_ptr + r.to(tl.int64) * stride_r
+    temp = tl.load(temp_ptr + r).to(tl.float32)
+    if temp > 0:
+        if HAS_THR:
+            thr = tl.load(thr_ptr + r).to(tl.float32)
+        else:
+            thr = -float("inf")
+        seed = tl.load(seed_ptr + r).to(tl.uint64, bitcast=True)
+        ctr = tl.load(ctr_ptr + r).to(tl.uint64, bitcast=True)
+        key = _mix64(_mix64(seed) + ctr * 0x9E3779B97F4A7C15)
+        best, best_idx = _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK)
+    else:
+        best, best_idx = _greedy_scan(row_ptr, V, tile0, tile1, BLOCK)
+    if SPLIT:
+        n = tl.num_programs(1)
+        tl.store(part_best_ptr + r * n + s, best)
+        tl.store(part_idx_ptr + r * n + s, best_idx)
+    else:
+        tl.store(out_ptr + r, best_idx.to(tl.int64))
+
+
+@triton.jit
+def _reduce_kernel(part_best_ptr, part_idx_ptr, out_ptr, S, S_PAD: tl.constexpr):
+    r = tl.program_id(0)
+    s = tl.arange(0, S_PAD)
+    b = tl.load(part_best_ptr + r * S + s, mask=s < S, other=-float("inf"))
+    i = tl.argmax(b, 0)  # the first split among ties: the lowest token id
+    tok = tl.load(part_idx_ptr + r * S + i)
+    tl.store(out_ptr + r, tok.to(tl.int64))
+
+
+def default_plan(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
+    """(block, num_splits): about 4 programs per SM, each scanning whole tiles of `block` tokens."""
+    block = min(1024, max(16, triton.next_power_of_2(vocab)))
+    tiles = triton.cdiv(vocab, block)
+    splits = max(1, min(tiles, triton.cdiv(4 * num_sms(device), max(rows, 1)), 256))
+    return block, splits
+
+
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: torch.Tensor | None,
+                  seeds: torch.Tensor, counters: torch.Tensor, *, block: int | None = None,
+                  num_splits: int | None = None, num_warps: int = 4) -> torch.Tensor:
+    """logits [R, V] (float32 / bfloat16 / float16; last dim contiguous), temperature [R] (0 = greedy),
+    thresholds [R] float32 or None (no row masks), seeds / counters [R] int64 -> token ids [R] int64.
+    Thresholds apply to the raw logits: a sampled row draws only among tokens with logit >= threshold."""
+    assert logits.dim() == 2 and logits.stride(1) == 1, "logits must be [R, V] with a contiguous last dim"
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return out
+    d_block, d_splits = default_plan(rows, vocab, logits.device)
+    block = block or d_block
+    assert block & (block - 1) == 0, "block must be a power of two"
+    tiles = triton.cdiv(vocab, block)
+    splits = max(1, min(num_splits or d_splits, tiles))
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)  # no empty splits
+    temperature = temperature.to(torch.float32).contiguous()
+    seeds, counters = seeds.to(torch.int64).contiguous(), counters.to(torch.int64).contiguous()
+    thr = thresholds.to(torch.float32).contiguous() if thresholds is not None else temperature  # unread
+    if splits > 1:
+        part_best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
+        part_idx = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
+    else:
+        part_best = part_idx = out  # unread
+    extra = {} if interpreting() else {"enable_fp_fusion": False}
+    _sample_kernel[(rows, splits)](
+        logits, logits.stride(0), temperature, thr, seeds, counters, part_best, part_idx, out,
+        vocab, tiles_per_split, HAS_THR=thresholds is not None, SPLIT=splits > 1, BLOCK=block,
+        num_warps=num_warps, **extra)
+    if splits > 1:
+        _reduce_kernel[(rows,)](part_best, part_idx, out, splits, S_PAD=triton.next_power_of_2(splits),
+                                num_warps=1)
+    return out
