@@ -39,8 +39,8 @@ def _best_time(fn, device: torch.device, reps: int) -> float:
 
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 5) -> float:
     """Bytes per second of a large same-device copy, counting bytes read plus bytes written (the
-    convention of ANCHORS.md: 4.26 TB/s on the H200 with a 1 GiB buffer)."""
-    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 256 << 20)
+    convention of ANCHORS.md: 4.26 TB/s on the H200 with a 1 GiB buffer, larger than any cache)."""
+    nbytes = nbytes or 1 << 30
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
     seconds = _best_time(lambda: dst.copy_(src), device, reps)

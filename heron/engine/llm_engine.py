@@ -110,6 +110,8 @@ class LLMEngine:
             raise ValueError(f"The prompt is {len(ids)} tokens long, but this model's maximum context length "
                              f"(max_model_len) is {self.max_model_len} tokens, which must also leave room for "
                              f"at least one output token.")
+        if params.n > self.config.scheduler.max_num_seqs:  # its n samples could never run together
+            raise ValueError(f"n ({params.n}) is more than max_num_seqs ({self.config.scheduler.max_num_seqs}).")
         room = self.max_model_len - len(ids)
         if params.max_tokens is not None and params.max_tokens > room:
             raise ValueError(f"max_tokens ({params.max_tokens}) plus the prompt ({len(ids)} tokens) exceeds "

@@ -5,10 +5,10 @@ hash of those four numbers, so a seeded request draws the same tokens whatever e
 and no per-request generator or Python loop is needed.
 
 The draw (`sample_tokens_torch`, and `heron.kernels.sampling.sample_tokens`, its one-pass Triton twin used
-for CUDA logits) is the exponential race argmax(p / E), E = -log(u), taken in log space: argmax over the
-kept tokens of `logit / T + g`, g = -log(-log(u)). Top-k, top-p and min-p become one per-row logit
-threshold (`sampling_thresholds`, shared by both paths): a token is kept iff its logit >= the threshold.
-Greedy rows (T = 0) take the argmax. Ties go to the lowest token id.
+for CUDA logits) is the exponential race argmax(p / E), E ~ Exp(1), taken in log space: argmax over the
+kept tokens of `logit * (1 / T) + g`, g = -log(E) (`gumbel_noise`). Top-k, top-p and min-p become one
+per-row logit threshold (`sampling_thresholds`, shared by both paths): a token is kept iff its logit >= the
+threshold. Greedy rows (T = 0) take the argmax. Ties go to the lowest token id.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ _GOLDEN = -7046029254386353131  # 0x9e3779b97f4a7c15
 # Top-p looks for its cut-off among each row's this many highest logits (a full sort only for rows whose
 # nucleus is larger; rows with top-k are always covered, the candidates being at least max top-k).
 TOP_P_CANDIDATES = 1024
+TOPK_CHUNK = 2048  # see topk_values
+TOPK_TWO_ROUND_MAX_ROWS = 16
+TOP_P_SORT_MAX_ROWS = 16  # up to this many rows top-p sorts them instead (H200: faster up to ~8-16 rows)
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -50,8 +53,18 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) 
 
 
 def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R, V] float32 Gumbel(0, 1) noise -log(-log(u)), both logs in float64."""
-    return (-torch.log(-torch.log(uniform_noise(seeds, counters, vocab_size)))).float()
+    """[R, V] float32 Gumbel(0, 1) noise g = -log(E), E = -log(1 - w) ~ Exp(1), from the same 52 hash bits k as
+    uniform_noise: w = fl32(fl32(k) + 1/2) * 2^-52, capped below 1. E is log1p(-w) by Goldberg's formula
+    (accurate for small w, where the winners of the race are). Every step is one correctly rounded float32
+    operation or a log, as in heron.kernels.sampling, so both give the same values."""
+    row = _mix(_mix(seeds) + counters * _GOLDEN)
+    v = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _shr(_mix(row[:, None] + v[None, :] * _GOLDEN), 12)
+    w = ((bits.float() + 0.5) * 2.0**-52).clamp_(max=1.0 - 2.0**-24)
+    z = 1.0 - w
+    one = z == 1.0  # w < 2^-25: -log1p(-w) rounds to w
+    e = torch.where(one, w, torch.log(z) * w / torch.where(one, -1.0, z - 1.0))
+    return -torch.log(e)
 
 
 @dataclass
@@ -154,7 +167,7 @@ def sampling_thresholds(logits: torch.Tensor, t: SamplingTensors) -> torch.Tenso
     - top-p: on softmax(top-k-masked logits / T), the logit of the last token of the smallest descending
       prefix whose mass reaches top_p (the mass strictly before it is < top_p). Searched among the
       TOP_P_CANDIDATES highest logits (the same `topk`, normalised by the full row's log-sum-exp); only rows
-      whose nucleus is larger are sorted in full;
+      whose nucleus is larger are sorted in full (all rows, when there are at most TOP_P_SORT_MAX_ROWS);
     - min-p: max logit + T * log(min_p) (p >= min_p * p_max in logit space)."""
     rows, vocab = logits.shape
     top_k, top_p, min_p = t.top_k, t.top_p, t.min_p
@@ -166,36 +179,62 @@ def sampling_thresholds(logits: torch.Tensor, t: SamplingTensors) -> torch.Tenso
     if kmax == 0 and not need_top_p and not t.need_min_p:
         return None
     temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature)).float()
+    inv_t = 1.0 / temp
     thr = torch.full((rows,), float("-inf"), dtype=torch.float32, device=logits.device)
     num_cand = min(vocab, max(kmax, TOP_P_CANDIDATES if need_top_p else 0))
-    top = logits.topk(num_cand, dim=-1).values.float() if num_cand else None  # [R, C], descending
+    if need_top_p and rows <= TOP_P_SORT_MAX_ROWS:
+        num_cand = vocab  # one sort: for a few rows, cheaper than candidates + normaliser + maybe a sort
+    top = topk_values(logits, num_cand).float() if num_cand else None  # [R, C], descending
     if kmax:
         kth = top.gather(1, (top_k.clamp(1, num_cand) - 1)[:, None])[:, 0]
         thr = torch.where(top_k < vocab, kth, thr)
     if need_top_p:
-        thr = torch.maximum(thr, _top_p_thresholds(logits, top, top_k, top_p, temp))
+        thr = torch.maximum(thr, _top_p_thresholds(logits, top, top_k, top_p, inv_t))
     if t.need_min_p:
         row_max = top[:, 0] if top is not None else logits.amax(dim=-1).float()
         thr = torch.where(min_p > 0, torch.maximum(thr, row_max + temp * torch.log(min_p)), thr)
     return thr
 
 
+def topk_values(x: torch.Tensor, k: int, chunk: int | None = None) -> torch.Tensor:
+    """The k largest values of each row of x [R, V], descending; the same values as x.topk(k).values. Long
+    rows go in two rounds: the top k of each chunk of `chunk` tokens (many short independent rows, which
+    torch.topk handles far faster than a few long ones), then the top k of those candidates."""
+    rows, vocab = x.shape
+    if k >= vocab:
+        return x.sort(dim=-1, descending=True).values
+    chunk = chunk or max(TOPK_CHUNK, 4 * k)
+    n = vocab // chunk
+    # on an H200 (V 151936) two rounds halve one row's time for k <= 256, but double 256 rows' time
+    if n < 4 or rows > TOPK_TWO_ROUND_MAX_ROWS:
+        return x.topk(k, dim=-1).values
+    head = x[:, : n * chunk].reshape(rows, n, chunk).topk(k, dim=-1, sorted=False).values.reshape(rows, n * k)
+    return torch.cat([head, x[:, n * chunk:]], dim=1).topk(k, dim=-1).values
+
+
+def _row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
+    kernels = _triton_kernels() if x.is_cuda else None
+    if kernels is not None:  # one pass instead of ~8 over [R, V] (H200, R 256, V 151936: 0.42 -> 0.04 ms)
+        return kernels.row_logsumexp(x, inv_t)
+    return torch.logsumexp(x.float() * inv_t[:, None], dim=-1)
+
+
 def _top_p_thresholds(logits: torch.Tensor, top: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      temp: torch.Tensor) -> torch.Tensor:
+                      inv_t: torch.Tensor) -> torch.Tensor:
     vocab, num_cand = logits.shape[1], top.shape[1]
     rank = torch.arange(num_cand, device=logits.device)
-    scaled = (top / temp[:, None]).masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    scaled = (top * inv_t[:, None]).masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
     covered = top_k <= num_cand  # the candidates hold every token the row's top-k allows
     lse = torch.logsumexp(scaled, dim=-1)
     if num_cand < vocab:  # rows without top-k: normalise over the whole row
-        lse = torch.where(covered, lse, torch.logsumexp(logits.float() / temp[:, None], dim=-1))
+        lse = torch.where(covered, lse, _row_logsumexp(logits, inv_t))
     n_keep, cut = _nucleus(top, scaled, lse, top_p)
     if num_cand < vocab:
         missed = ~covered & (n_keep >= num_cand) & (top_p < 1.0)  # the cut-off lies past the candidates
         if bool(missed.any()):
             idx = missed.nonzero()[:, 0]
             full = logits[idx].float().sort(dim=-1, descending=True).values  # no top-k: nothing masked
-            cut = cut.index_put((idx,), _nucleus(full, full / temp[idx, None], lse[idx], top_p[idx])[1])
+            cut = cut.index_put((idx,), _nucleus(full, full * inv_t[idx, None], lse[idx], top_p[idx])[1])
     return torch.where(top_p < 1.0, cut, torch.full_like(cut, float("-inf")))
 
 
@@ -213,22 +252,23 @@ def sample_tokens_torch(logits: torch.Tensor, temperature: torch.Tensor, thresho
                         seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """The draw in PyTorch ([R, V] temporaries): the reference for heron.kernels.sampling.sample_tokens,
     which computes the same tokens in one pass. Greedy rows (temperature 0): argmax of the logits; others:
-    argmax over tokens with logit >= threshold of logit / T + Gumbel noise; lowest id on ties."""
+    argmax over tokens with logit >= threshold of logit * (1 / T) + Gumbel noise; lowest id on ties."""
     x = logits.float()
     greedy = x.argmax(dim=-1)
-    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    inv_t = 1.0 / torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
     keep = x >= (thresholds[:, None] if thresholds is not None else float("-inf"))  # NaN never kept
-    score = torch.where(keep, x / temp[:, None], float("-inf")) + gumbel_noise(seeds, counters, x.shape[1])
+    score = torch.where(keep, x * inv_t[:, None], float("-inf")) + gumbel_noise(seeds, counters, x.shape[1])
     return torch.where(temperature > 0, score.argmax(dim=-1), greedy)
 
 
-@functools.lru_cache(maxsize=None)
-def _triton_sample_tokens():
+@functools.cache
+def _triton_kernels():
+    """heron.kernels.sampling, or None without a working Triton."""
     try:
-        from heron.kernels.sampling import sample_tokens
-    except Exception:  # no (working) Triton
+        from heron.kernels import sampling
+    except Exception:  # noqa: BLE001 - ImportError, or a Triton that fails to initialise
         return None
-    return sample_tokens
+    return sampling
 
 
 class Sampler:
@@ -239,13 +279,13 @@ class Sampler:
         self.backend = backend
 
     def _draw(self, logits: torch.Tensor):
-        if self.backend == "torch":
+        if self.backend == "torch" or (self.backend == "auto" and not logits.is_cuda):
+            return sample_tokens_torch  # (Triton is not even imported)
+        kernels = _triton_kernels()
+        if kernels is None:
+            assert self.backend == "auto", "Triton is not available"
             return sample_tokens_torch
-        kernel = _triton_sample_tokens()
-        if self.backend == "triton":
-            assert kernel is not None, "Triton is not available"
-            return kernel
-        return kernel if kernel is not None and logits.is_cuda else sample_tokens_torch
+        return kernels.sample_tokens
 
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
         """logits [R, V] float32 -> sampled ids; logprobs come from the raw logits, as in vLLM."""

@@ -1,19 +1,25 @@
 """Draw one token per row from logits in one pass over the vocabulary: no [R, V] temporaries.
 
 The function computed is the sampler's (`heron.executor.sampler.sample_tokens_torch` is its PyTorch
-reference, bit for bit):
+reference):
 
 - greedy rows (temperature 0): the argmax of the logits;
 - other rows: the argmax over kept tokens (logit >= the row's threshold; NaN is never kept) of
-  `logit / T + g`, where `g = -log(-log(u))` is Gumbel noise and `u` is the counter-based uniform of
-  `uniform_noise(seed, counter, token)` (splitmix64 in uint64 arithmetic, then two float64 logs, cast to
-  float32). This is the exponential race argmax(p / E), E = -log(u), taken in log space: no softmax.
+  `logit * (1 / T) + g`, with Gumbel noise `g = -log(E)`, `E = -log(1 - w)` ~ Exp(1), `w` from 52 bits of
+  splitmix64(seed, counter, token) in uint64 arithmetic (`heron.executor.sampler.gumbel_noise`). This is the
+  exponential race argmax(p / E) in log space: no softmax. All float32; `-log(1 - w)` is Goldberg's log1p
+  `log(z) * w / (z - 1)`, z = 1 - w (accurate for small w, where the race's winners are), divisions are
+  correctly rounded (div_rn), logs are libdevice's (CUDA's logf, as torch's) and FMA contraction is off,
+  so on a GPU every value equals PyTorch's bit for bit (tested); under the interpreter numpy's log may
+  differ from torch's CPU one in the last bit.
 - ties: the lowest token id wins (also when every score is -inf: token 0).
 
 Grid `(R, S)`: program `(r, s)` scans split `s` (whole tiles of BLOCK tokens) of row `r`, keeping its best
 score and token; with S > 1 a second kernel `(R,)` reduces the S partials (first split wins ties, and
 splits are in token order, so the lowest id still wins). S is chosen from (R, V, #SMs) so that small
 batches still fill the GPU. Tiles whose tokens are all below the row's threshold skip the hash and logs.
+
+`row_logsumexp` (one pass, online max / sum) is the top-p normaliser used by the thresholds on CUDA.
 """
 
 from __future__ import annotations
@@ -21,8 +27,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from heron.kernels.common import interpreting, num_sms
+
+
+@triton.jit
+def _log(x, LIBDEVICE: tl.constexpr):
+    """Full-precision log (libdevice, as torch's CUDA log; tl.log may lower to an approximation). The
+    interpreter has no libdevice: numpy's log there."""
+    if LIBDEVICE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
 
 
 @triton.jit
@@ -49,7 +66,19 @@ def _greedy_scan(row_ptr, V, tile0, tile1, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK: tl.constexpr):
+def _gumbel(key, offs, LIBDEVICE: tl.constexpr):
+    """Gumbel noise -log(-log(1 - w)) of tokens offs (float32): see heron.executor.sampler.gumbel_noise."""
+    h = _mix64(key + offs.to(tl.uint64) * 0x9E3779B97F4A7C15)
+    w = ((h >> 12).to(tl.float32) + 0.5) * 2.220446049250313e-16  # 52 bits -> (0, 1]: 2^-52 is exact
+    w = tl.minimum(w, 0.99999994039535522)  # 1 - 2^-24: w < 1
+    z = 1.0 - w
+    one = z == 1.0  # w < 2^-25: -log1p(-w) rounds to w
+    e = tl.where(one, w, tl.math.div_rn(_log(z, LIBDEVICE) * w, tl.where(one, -1.0, z - 1.0)))  # -log1p(-w)
+    return -_log(e, LIBDEVICE)
+
+
+@triton.jit
+def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
     best = -float("inf")
     best_idx = tile0 * BLOCK
     for tile in range(tile0, tile1):
@@ -57,11 +86,8 @@ def _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK: tl.constexpr)
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
         keep = (offs < V) & (x >= thr)
         if tl.max(keep.to(tl.int32), 0) > 0:  # else nothing in this tile can be drawn
-            h = _mix64(key + offs.to(tl.uint64) * 0x9E3779B97F4A7C15)
-            u = ((h >> 12).to(tl.float64) + 0.5) * 2.220446049250313e-16  # (52 random bits + 1/2) / 2^52
-            g = (-tl.log(-tl.log(u))).to(tl.float32)  # Gumbel(0, 1)
-            # div_rn: correctly rounded like torch's division (Triton's default f32 division is not)
-            score = tl.where(keep, tl.math.div_rn(x, temp) + g, -float("inf"))
+            g = _gumbel(key, offs, LIBDEVICE)
+            score = tl.where(keep, x * inv_t + g, -float("inf"))  # no FMA: enable_fp_fusion=False
             m = tl.max(score, 0)
             i = tl.argmax(score, 0)
             better = m > best
@@ -73,7 +99,7 @@ def _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK: tl.constexpr)
 @triton.jit
 def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
                    part_best_ptr, part_idx_ptr, out_ptr, V, tiles_per_split,
-                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
     r = tl.program_id(0)
     s = tl.program_id(1)
     num_tiles = tl.cdiv(V, BLOCK)
@@ -89,7 +115,8 @@ def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
         seed = tl.load(seed_ptr + r).to(tl.uint64, bitcast=True)
         ctr = tl.load(ctr_ptr + r).to(tl.uint64, bitcast=True)
         key = _mix64(_mix64(seed) + ctr * 0x9E3779B97F4A7C15)
-        best, best_idx = _sampled_scan(row_ptr, V, tile0, tile1, temp, thr, key, BLOCK)
+        inv_t = tl.math.div_rn(1.0, temp)  # correctly rounded, as torch's 1 / T
+        best, best_idx = _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, BLOCK, LIBDEVICE)
     else:
         best, best_idx = _greedy_scan(row_ptr, V, tile0, tile1, BLOCK)
     if SPLIT:
@@ -144,12 +171,43 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: t
         part_idx = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
     else:
         part_best = part_idx = out  # unread
-    extra = {} if interpreting() else {"enable_fp_fusion": False}
+    interp = interpreting()
+    extra = {} if interp else {"enable_fp_fusion": False}  # bit-for-bit torch: no a * b + c -> fma
     _sample_kernel[(rows, splits)](
         logits, logits.stride(0), temperature, thr, seeds, counters, part_best, part_idx, out,
         vocab, tiles_per_split, HAS_THR=thresholds is not None, SPLIT=splits > 1, BLOCK=block,
-        num_warps=num_warps, **extra)
+        LIBDEVICE=not interp, num_warps=num_warps, **extra)
     if splits > 1:
         _reduce_kernel[(rows,)](part_best, part_idx, out, splits, S_PAD=triton.next_power_of_2(splits),
                                 num_warps=1)
+    return out
+
+
+@triton.jit
+def _logsumexp_kernel(x_ptr, stride_r, inv_t_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    row_ptr = x_ptr + r.to(tl.int64) * stride_r
+    inv_t = tl.load(inv_t_ptr + r).to(tl.float32)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32) * inv_t
+        new_m = tl.maximum(m, tl.max(x, 0))
+        safe = tl.where(new_m == -float("inf"), 0.0, new_m)  # all -inf so far: no inf - inf
+        s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), 0)
+        m = new_m
+    tl.store(out_ptr + r, m + tl.log(s))
+
+
+def row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor, *, block: int = 8192, num_warps: int = 8) -> torch.Tensor:
+    """[R] float32 logsumexp over each row of x [R, V] * inv_t [R] in one pass (no [R, V] temporary); the
+    normaliser of top-p. Within float32 rounding of torch.logsumexp(x * inv_t[:, None], -1)."""
+    assert x.dim() == 2 and x.stride(1) == 1
+    rows, vocab = x.shape
+    out = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows:
+        block = min(block, max(16, triton.next_power_of_2(vocab)))
+        _logsumexp_kernel[(rows,)](x, x.stride(0), inv_t.to(torch.float32).contiguous(), out, vocab, BLOCK=block,
+                                   num_warps=num_warps)
     return out

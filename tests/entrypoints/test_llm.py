@@ -108,6 +108,11 @@ def test_prompt_over_max_model_len_names_both_lengths(embedded_llm):
     assert not embedded_llm.engine.has_unfinished()
 
 
+def test_more_samples_than_max_num_seqs_is_refused(embedded_llm):
+    with pytest.raises(ValueError, match=r"^n \(300\)"):
+        embedded_llm.generate("hi", SamplingParams(n=300), use_tqdm=False)
+
+
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
                                          ("n", 0), ("max_tokens", 0), ("min_p", 2), ("presence_penalty", 3)])
 def test_invalid_sampling_fields_are_named(field, value):

@@ -118,11 +118,13 @@ def _kept_by_definition(x: torch.Tensor, p: SamplingParams) -> set[int]:
     return set(allowed[keep].tolist())
 
 
-@pytest.mark.parametrize("candidates", [1024, 8])  # 8 < V: the full-sort fallback for wide nuclei
-def test_thresholds_match_their_definitions(monkeypatch, candidates):
+# 8 < V: the full-sort fallback for wide nuclei; sort_rows: small batches sort every row
+@pytest.mark.parametrize("candidates,sort_rows", [(1024, 0), (8, 0), (8, 100)])
+def test_thresholds_match_their_definitions(monkeypatch, candidates, sort_rows):
     import heron.executor.sampler as sampler_mod
 
     monkeypatch.setattr(sampler_mod, "TOP_P_CANDIDATES", candidates)
+    monkeypatch.setattr(sampler_mod, "TOP_P_SORT_MAX_ROWS", sort_rows)
     params = [SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.8, top_p=0.9),
               SamplingParams(temperature=1.5, top_p=0.3), SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
               SamplingParams(temperature=0.7, min_p=0.2), SamplingParams(temperature=2.0, top_k=12, min_p=0.3),
@@ -153,3 +155,13 @@ def test_top_k_top_p_min_p_draws_stay_in_the_kept_set():
         ids = sample(logits, [p] * 300, seeds=list(range(300))).token_ids
         kept = _kept_by_definition(logits[0], p)
         assert set(ids.tolist()) <= kept and len(set(ids.tolist())) == len(kept) > 1
+
+
+def test_topk_values_in_two_rounds():
+    from heron.executor.sampler import topk_values
+
+    torch.manual_seed(6)
+    x = torch.randn(3, 10007)
+    x[1, 100:200] = 5.0  # ties
+    for k in (1, 7, 300):
+        assert torch.equal(topk_values(x, k, chunk=1000), x.topk(k).values)

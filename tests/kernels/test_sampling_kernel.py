@@ -10,16 +10,21 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+
 import triton.language as tl  # noqa: E402
+from kernel_utils import pick_device  # noqa: E402
 
 from heron.engine.request import Request  # noqa: E402
 from heron.executor.sampler import (Sampler, SamplingTensors, gumbel_noise, sample_tokens_torch,  # noqa: E402
                                     sampling_thresholds, uniform_noise)
-from heron.kernels.sampling import _mix64, sample_tokens  # noqa: E402
+from heron.kernels.sampling import _gumbel, _mix64, _sample_kernel, row_logsumexp, sample_tokens  # noqa: E402
 from heron.sampling_params import SamplingParams  # noqa: E402
-from kernel_utils import pick_device  # noqa: E402
 
 DEV = pick_device()
+
+if DEV.type != "cuda" and type(_sample_kernel).__name__ != "InterpretedFunction":
+    pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
+                "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
 
 
 @triton.jit
@@ -33,6 +38,16 @@ def _noise_kernel(seed_ptr, ctr_ptr, bits_ptr, V, BLOCK: tl.constexpr):
     tl.store(bits_ptr + r * V + offs, (h >> 12).to(tl.int64, bitcast=True), mask=offs < V)
 
 
+@triton.jit
+def _gumbel_kernel(seed_ptr, ctr_ptr, g_ptr, V, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    r = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    seed = tl.load(seed_ptr + r).to(tl.uint64, bitcast=True)
+    ctr = tl.load(ctr_ptr + r).to(tl.uint64, bitcast=True)
+    key = _mix64(_mix64(seed) + ctr * 0x9E3779B97F4A7C15)
+    tl.store(g_ptr + r * V + offs, _gumbel(key, offs, LIBDEVICE), mask=offs < V)
+
+
 def test_hash_bits_are_identical():
     """The kernel's uint64 splitmix64 and the int64 emulation in torch give the same 52 bits."""
     seeds = torch.tensor([0, 1, 2**62 + 12345, 2**63 - 1, 987654321], device=DEV)
@@ -43,6 +58,22 @@ def test_hash_bits_are_identical():
     u = uniform_noise(seeds, ctrs, V)
     assert torch.equal(bits.double() + 0.5, u * 2.0**52)  # exact: u = (bits + 1/2) / 2^52
     assert bits.min() >= 0 and bits.max() < 2**52
+
+
+def test_gumbel_noise_is_the_same():
+    """Bit for bit on a GPU (libdevice's logf is CUDA's, as torch's); under the interpreter numpy's float32
+    log and torch's CPU one differ in the last bit now and then."""
+    R, V = 8, 4096
+    seeds, ctrs = torch.arange(R, device=DEV) * 31 + 2**61, torch.arange(R, device=DEV) * 5
+    g = torch.empty(R, V, device=DEV)
+    _gumbel_kernel[(R,)](seeds, ctrs, g, V, BLOCK=V, LIBDEVICE=DEV.type == "cuda")
+    ref = gumbel_noise(seeds, ctrs, V)
+    if DEV.type == "cuda":
+        assert torch.equal(g, ref)
+    else:
+        torch.testing.assert_close(g, ref, rtol=3e-7, atol=3e-7)
+    assert ref.max() < 36.8 and ref.min() > -2.9  # E in [2^-53, 16.7)
+    assert abs(ref.mean().item() - 0.5772) < 0.02 and abs(ref.std().item() - math.pi / math.sqrt(6)) < 0.02
 
 
 def _rows(params: list[SamplingParams], seeds: list[int], pos: list[int]):
@@ -127,3 +158,16 @@ def test_kernel_draws_follow_the_distribution():
     dof = int(kept.sum()) - 1
     # P(chi2 > dof + 4 sqrt(2 dof) + 4) is well under 1e-3 for these few degrees of freedom
     assert chi2 < dof + 4 * math.sqrt(2 * dof) + 4, (chi2, counts, expected)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")  # log(0) for the all -inf row, under the interpreter
+def test_row_logsumexp():
+    x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)).to(DEV) * 4
+    x[1] = float("-inf")
+    x[2, :2500] = float("-inf")
+    inv_t = torch.tensor([1.0, 1.0, 0.5, 3.0], device=DEV)
+    ref = torch.logsumexp(x * inv_t[:, None], -1)
+    torch.testing.assert_close(row_logsumexp(x, inv_t, block=512), ref, rtol=1e-5, atol=1e-5)
+    half = x.bfloat16()
+    torch.testing.assert_close(row_logsumexp(half, inv_t), torch.logsumexp(half.float() * inv_t[:, None], -1),
+                               rtol=1e-5, atol=1e-5)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import signal
 import threading
 import time
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
-from heron.engine.async_llm import AsyncLLM
+from heron.engine.async_llm import AsyncLLM, EngineDeadError
 from heron.entrypoints.openai.cli import api_keys, engine_config
 from heron.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
@@ -61,6 +62,7 @@ class ServerState:
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
     tokenization: OpenAIServingTokenization | None = None
+    loader: threading.Thread | None = None
     load_error: BaseException | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -206,6 +208,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, e: StarletteHTTPException) -> Response:
         return ApiError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None).response()
 
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, e: EngineDeadError) -> Response:
+        return ApiError(503, str(e), code="engine_dead").response()
+
     @app.exception_handler(ClientDisconnected)
     async def disconnected(_: Request, e: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nobody reads it
@@ -236,7 +242,8 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
 
         logger.info("Loading model %s", args.model or f"{EMBEDDED_NAME} (embedded)")
         # A daemon thread, not the default executor: a server told to stop while loading need not wait.
-        threading.Thread(target=load, name="heron-load", daemon=True).start()
+        state.loader = threading.Thread(target=load, name="heron-load", daemon=True)
+        state.loader.start()
         stats = asyncio.create_task(_log_stats(state))
         try:
             yield
@@ -296,4 +303,10 @@ def run_server(args: argparse.Namespace) -> int:
     state: ServerState = app.state.server
     state.on_load_failure = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 1 if state.load_error is not None or not server.started else 0
+    code = 1 if state.load_error is not None or not server.started else 0
+    if state.loader is not None and state.loader.is_alive():
+        # Stopped while loading: the loader is inside torch and cannot be interrupted, and finalizing the
+        # interpreter under it aborts the process. Nothing is left to clean up, so leave at once.
+        logging.shutdown()
+        os._exit(code)
+    return code

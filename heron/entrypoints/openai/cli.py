@@ -73,6 +73,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fcfs: first come, first served; priority: lowest `priority` first, then arrival")
     g.add_argument("--attention-backend", default="auto", help="auto, torch or triton")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights in the shapes of the model's config.json (benchmarks)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -83,7 +85,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
                           max_model_len=args.max_model_len, seed=args.seed, chat_template=template,
-                          served_model_name=names[0] if names else None),
+                          served_model_name=names[0] if names else None, load_format=args.load_format),
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
                           kv_cache_memory=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
                           swap_space=args.swap_space),

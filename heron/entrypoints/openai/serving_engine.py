@@ -180,8 +180,9 @@ class OpenAIServing:
             await asyncio.gather(*tasks, return_exceptions=True)
             for s in streams:
                 await s.aclose()
-            if isinstance(e, ValueError):
-                param = max_tokens_param if str(e).startswith("max_tokens") else prompt_param
+            if isinstance(e, ValueError):  # the engine's messages start with the field they are about
+                field = str(e).split(" ", 1)[0]
+                param = {"max_tokens": max_tokens_param, "n": "n"}.get(field, prompt_param)
                 raise ApiError(400, str(e), param=param) from None
             if isinstance(e, EngineDeadError):
                 raise ApiError(503, str(e), code="engine_dead") from None

@@ -28,7 +28,9 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
+                 until: int = 200) -> None:
+        """Start the server and return once /health answers `until` (503: up, the model still loading)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="heron-serve-", suffix=".log", delete=False)
@@ -39,9 +41,9 @@ class RemoteServer:
         # anything else running) make each decode step wait on descheduled threads, seconds at a time.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self._wait_healthy(startup_timeout)
+        self._wait_health(until, startup_timeout)
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _wait_health(self, until: int, timeout: float) -> None:
         self.health_seen: list[int] = []  # the distinct /health answers, in order
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -51,13 +53,13 @@ class RemoteServer:
                 status = httpx.get(f"{self.url}/health", timeout=2).status_code
                 if not self.health_seen or self.health_seen[-1] != status:
                     self.health_seen.append(status)
-                if status == 200:
+                if status == until:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(f"heron serve was not healthy after {timeout} s:\n{self.output()}")
+        raise TimeoutError(f"/health did not answer {until} within {timeout} s:\n{self.output()}")
 
     def output(self) -> str:
         self.log.flush()

@@ -53,6 +53,11 @@ def test_over_max_waiting_requests_is_503(server):
     assert "A logged prompt" in server.output()  # --enable-log-requests
 
 
+def test_more_samples_than_seats_is_400(server):
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "n": 2, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
 def _wait_then_give_up(url: str, body: dict) -> None:
     """A request that waits for the busy sequence slot, until its client gives up."""
     with contextlib.suppress(httpx.ReadTimeout):
@@ -76,3 +81,8 @@ def test_sigterm_lets_a_stream_finish_and_exits_0(server):
     assert chunks[-1]["usage"]["completion_tokens"] == 16
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert server.proc.wait(timeout=60) == 0
+
+
+def test_sigterm_while_loading_exits_0():
+    loading = RemoteServer(until=503)
+    assert loading.stop(signal.SIGTERM, timeout=30) == 0
