@@ -36,7 +36,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 @dataclass
 class ModelConfig:
-    model: "str | ModelSource | None" = None  # None: the embedded default; a ModelSource: tensors in hand
+    model: str | ModelSource | None = None  # None: the embedded default; a ModelSource: tensors in hand
     tokenizer: str | None = None
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None

@@ -54,10 +54,12 @@ def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device, l
     cfg = dict(source.hf_config)
     config = AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
     hf = AutoModelForCausalLM.from_config(config, dtype=dtype)  # real init: its rotary buffers are needed
-    missing, _ = hf.load_state_dict(dict(source.weights()), strict=False)
+    missing, unexpected = hf.load_state_dict(dict(source.weights()), strict=False)
     hf.tie_weights()
-    if missing := [n for n in missing if not (n == "lm_head.weight" and config.tie_word_embeddings)]:
-        raise ValueError(f"{source.name}: no weights for {missing[:5]}")
+    missing = [n for n in missing if not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{source.name} does not fit transformers' {type(hf).__name__}: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}")
     hf.to(device)
     return hf.eval()
 

@@ -18,7 +18,7 @@ Message = dict[str, object]
 
 
 class LLM:
-    def __init__(self, model: "str | ModelSource | None" = None, *, tokenizer: str | None = None, dtype: str = "auto",
+    def __init__(self, model: str | ModelSource | None = None, *, tokenizer: str | None = None, dtype: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, block_size: int = 16,
                  gpu_memory_utilization: float = 0.9, kv_cache_memory: int | None = None,
@@ -34,6 +34,16 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       policy=scheduling_policy),
             device=device, attention_backend=attention_backend, enforce_eager=enforce_eager)
+        self._start(config)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over an EngineConfig made elsewhere (the command line's engine flags)."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 

@@ -147,10 +147,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         c = self.model_cfg
         shape = (c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
-        # Slots are never read before they are written, so host memory need not be zeroed (which would
-        # touch every page up front); device memory is, as kernels may multiply masked-out values by 0.
-        alloc = torch.zeros if self.device.type == "cuda" else torch.empty
-        self.kv_cache = alloc(shape, dtype=self.dtype, device=self.device)
+        # Zeroed: attention reads padded, masked-out slots too and multiplies them by a zero weight, which
+        # leaves a NaN or inf of uninitialised memory standing.
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for layer, module in enumerate(self.model.layers):
             module.self_attn.kv_cache = self.kv_cache[layer]
         if num_cpu_blocks:

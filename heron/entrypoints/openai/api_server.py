@@ -32,7 +32,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError
-from heron.entrypoints.openai.cli import api_keys, engine_config
+from heron.entrypoints.openai.cli import api_keys, serve_engine_config
 from heron.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                                ModelCard, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse)
@@ -290,7 +290,7 @@ class _Server(uvicorn.Server):
 
 def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-    config = engine_config(args)
+    config = serve_engine_config(args)
     try:
         config.verify()
     except ValueError as e:

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heron.config import EngineConfig
+from heron.entrypoints.engine_args import add_engine_args, engine_config
 
 
 def register(subparsers) -> None:
@@ -47,51 +48,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="log each request's prompt, parameters and output (never logged otherwise)")
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--tokenizer", default=None, help="a tokenizer other than the model's")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--dtype", default="auto",
-                   choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
-                   help="weights and activations; auto: float32 on CPU, bfloat16 on GPU")
-    g.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="context length, prompt and output together (default: the model's)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights, activations and the KV cache")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                   help="KV-cache size in bytes (default on CPU: 2 GiB; on GPU: from --gpu-memory-utilization)")
-    g.add_argument("--swap-space", type=float, default=0.0,
-                   help="GiB of host memory for preempted sequences' blocks; 0: preempt by recomputing")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the KV cache of shared prompt prefixes")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                   help="fcfs: first come, first served; priority: lowest `priority` first, then arrival")
-    g.add_argument("--attention-backend", default="auto", help="auto, torch or triton")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights in the shapes of the model's config.json (benchmarks)")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine flags plus the server's own model-level ones (chat template, served names)."""
     template = args.chat_template
     if template is not None and Path(template).is_file():
         template = Path(template).read_text()
     names = args.served_model_name
-    return EngineConfig(
-        model=ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-                          max_model_len=args.max_model_len, seed=args.seed, chat_template=template,
-                          served_model_name=names[0] if names else None, load_format=args.load_format),
-        cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                          kv_cache_memory=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
-                          swap_space=args.swap_space),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  policy=args.scheduling_policy),
-        device=args.device, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+    return engine_config(args, chat_template=template, served_model_name=names[0] if names else None)
 
 
 def api_keys(args: argparse.Namespace) -> list[str]:

@@ -16,7 +16,7 @@ from heron.engine.async_llm import EngineDeadError
 from heron.engine.llm_engine import EngineStats
 from heron.entrypoints.cli import build_parser
 from heron.entrypoints.openai import api_server
-from heron.entrypoints.openai.cli import engine_config
+from heron.entrypoints.openai.cli import serve_engine_config
 from heron.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
@@ -49,7 +49,7 @@ class DyingEngine:
 def http(monkeypatch):
     monkeypatch.setattr(api_server.AsyncLLM, "from_config", classmethod(lambda cls, config: DyingEngine()))
     args = build_parser().parse_args(["serve", "--served-model-name", "dying"])
-    with TestClient(api_server.build_app(args, engine_config(args))) as client:
+    with TestClient(api_server.build_app(args, serve_engine_config(args))) as client:
         deadline = time.monotonic() + 10
         while client.get("/health").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heron.entrypoints.cli import build_parser
-from heron.entrypoints.openai.cli import api_keys, engine_config
+from heron.entrypoints.openai.cli import api_keys, serve_engine_config
 
 ISSUE_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len",
                "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
@@ -32,7 +32,7 @@ def test_defaults(monkeypatch):
     args = build_parser().parse_args(["serve"])
     assert (args.model, args.host, args.port) == (None, "127.0.0.1", 8000)
     assert not args.enable_log_requests and args.enable_prefix_caching and api_keys(args) == []
-    cfg = engine_config(args)
+    cfg = serve_engine_config(args)
     assert cfg.model.model is None and cfg.scheduler.policy == "fcfs" and cfg.cache.block_size == 16
 
 
@@ -53,7 +53,7 @@ def test_flags_reach_the_engine_config(tmp_path):
         "0.5", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024", "--block-size", "32",
         "--no-enable-prefix-caching", "--dtype", "bfloat16", "--seed", "3", "--swap-space", "1.5",
         "--scheduling-policy", "priority", "--chat-template", str(template), "--device", "cpu"])
-    cfg = engine_config(args)
+    cfg = serve_engine_config(args)
     assert (cfg.model.model, cfg.model.served_model_name, cfg.model.max_model_len) == ("some/model", "a", 512)
     assert (cfg.model.dtype, cfg.model.seed, cfg.model.chat_template) == ("bfloat16", 3, template.read_text())
     assert (cfg.cache.gpu_memory_utilization, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
