@@ -8,6 +8,7 @@ import argparse
 import importlib
 
 from heron.bench.report import RESULTS_DIR
+from heron.entrypoints import engine_args
 
 # subcommand -> module holding add_cli_args(parser) and main(args)
 BENCHMARKS = {
@@ -33,24 +34,10 @@ def register(subparsers) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="HF folder, hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--batch-size", type=int, default=256, dest="max_num_seqs", metavar="B",
-                   help="sequences per step at most (the engine's max_num_seqs)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step at most (default: the engine's)")
-    g.add_argument("--kv-cache-memory", type=float, default=None,
-                   help="GiB of KV cache (default: 2 on CPU, what --gpu-memory-utilization leaves on GPU)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--attention-backend", default="auto")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights in the shapes of --model's config.json (GPU benchmarks)")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0, help="the engine's seed and the workload's")
+    """The model and the engine flags `heron serve` takes (heron/entrypoints/engine_args.py)."""
+    parser.add_argument("--model", default=None,
+                        help="HF folder, hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    engine_args.add_engine_args(parser)
 
 
 def add_result_args(parser: argparse.ArgumentParser, default_name: str) -> None:
@@ -61,17 +48,10 @@ def add_result_args(parser: argparse.ArgumentParser, default_name: str) -> None:
     g.add_argument("--results-dir", default=RESULTS_DIR)
 
 
-def make_llm(args: argparse.Namespace, **overrides):
+def make_llm(args: argparse.Namespace):
     from heron import LLM
 
-    kwargs = dict(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  kv_cache_memory=None if args.kv_cache_memory is None else int(args.kv_cache_memory * 2**30),
-                  gpu_memory_utilization=args.gpu_memory_utilization, attention_backend=args.attention_backend,
-                  enforce_eager=args.enforce_eager, seed=args.seed, load_format=args.load_format,
-                  max_model_len=args.max_model_len)
-    kwargs.update(overrides)
-    return LLM(**kwargs)
+    return LLM.from_config(engine_args.engine_config(args))
 
 
 def model_slug(llm) -> str:

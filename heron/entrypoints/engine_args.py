@@ -15,7 +15,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto",
                    choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
                    help="weights and activations; auto: float32 on CPU, bfloat16 on GPU")
-    g.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
+    g.add_argument("--seed", type=int, default=0, help="seed of requests that give none (and of benchmark workloads)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length, prompt and output together (default: the model's)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -27,7 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV cache of shared prompt prefixes")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
+    g.add_argument("--max-num-seqs", "--batch-size", type=int, default=256,
+                   help="sequences in one batch at most (--batch-size: the benchmarks' name for it)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)")
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],

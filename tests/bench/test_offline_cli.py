@@ -12,7 +12,7 @@ from heron.bench import throughput
 from heron.bench.report import RESULT_KEYS
 from heron.entrypoints.cli import main
 
-TINY_ENGINE = ["--device", "cpu", "--kv-cache-memory", "0.01"]
+TINY_ENGINE = ["--device", "cpu", "--kv-cache-memory-bytes", str(10 << 20)]
 
 
 def test_bench_subcommands_are_registered(capsys):
