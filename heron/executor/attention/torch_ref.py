@@ -31,11 +31,13 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
     return out
 
 
-def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                            scale: float) -> torch.Tensor:
+def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                            scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The oracle's function in fewer calls: every single-query (decode) row in one padded call, each
     longer chunk in a call of its own. The query heads that share a KV head are folded into the query
-    length, so SDPA sees equal head counts and takes its fused kernel instead of the GQA fallback."""
+    length, so SDPA sees equal head counts and takes its fused kernel instead of the GQA fallback.
+    `scratch` (two 1-D tensors, grown as needed) takes the gathered K and V: on the CPU a fresh allocation
+    per layer costs more in page faults than the copy itself."""
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     group = q.shape[1] // num_kv_heads
     starts, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
@@ -44,7 +46,7 @@ def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
     decode = (q_lens == 1).nonzero().flatten()
     if len(decode):
         rows = starts[:-1][decode].to(q.device)
-        k, v = _gather(kv_cache, meta.block_tables[decode.to(q.device)], int(lens[decode].max()))
+        k, v = _gather(kv_cache, meta.block_tables[decode.to(q.device)], int(lens[decode].max()), scratch)
         mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[decode].to(q.device)[:, None]
         o = F.scaled_dot_product_attention(q[rows].view(len(decode), num_kv_heads, group, head_dim), k, v,
                                            attn_mask=mask[:, None, None, :], scale=scale)
@@ -52,7 +54,7 @@ def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
     for i in (q_lens > 1).nonzero().flatten().tolist():
         a, b, seq_len = int(starts[i]), int(starts[i + 1]), int(lens[i])
         num_q = b - a
-        k, v = _gather(kv_cache, meta.block_tables[i: i + 1], seq_len)
+        k, v = _gather(kv_cache, meta.block_tables[i: i + 1], seq_len, scratch)
         q_i = q[a:b].view(num_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads,
                                                                                         group * num_q, head_dim)
         pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)
@@ -62,15 +64,31 @@ def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
     return out
 
 
-def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int,
+            scratch: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `length` positions of each block-table row: [B, Hkv, length, D] each."""
     blocks = block_tables[:, : -(-length // kv_cache.shape[2])]
-    return tuple(kv_cache[j][blocks].flatten(1, 2)[:, :length].transpose(1, 2) for j in (0, 1))
+    rows, per_block = blocks.shape[0], kv_cache.shape[2:]
+    out = []
+    for j in (0, 1):
+        numel = blocks.numel() * per_block.numel()
+        if scratch is None:
+            kv = kv_cache[j][blocks.flatten()]
+        else:
+            if scratch[j].numel() < numel:
+                scratch[j] = torch.empty(numel, dtype=kv_cache.dtype, device=kv_cache.device)
+            kv = torch.index_select(kv_cache[j], 0, blocks.flatten(), out=scratch[j][:numel].view(-1, *per_block))
+        out.append(kv.view(rows, -1, *per_block[1:])[:, :length].transpose(1, 2))
+    return out[0], out[1]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self._scratch = [torch.empty(0), torch.empty(0)]  # gathered K, V; shared by all layers, one at a time
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
         write_kv(k, v, kv_cache, meta.slot_mapping)
-        return paged_attention_batched(q, kv_cache, meta, self.scale)
+        return paged_attention_batched(q, kv_cache, meta, self.scale, self._scratch)
