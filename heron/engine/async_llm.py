@@ -53,10 +53,6 @@ class AsyncLLM:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._streams)
-
     def get_stats(self) -> EngineStats:
         return self.engine.get_stats()
 

@@ -262,23 +262,21 @@ class ModelRunner:
         graph_size = self._graph_size(num_seqs) if max_query_len == 1 else None
         if graph_size is not None:
             b.pad_decode(num_seqs, graph_size)
-        rows_uploaded = graph_size or num_seqs
-        b.upload(graph_size or total, rows_uploaded)
+        b.upload(graph_size or total, graph_size or num_seqs)
         meta = None if graph_size else self._metadata(num_seqs, total, max_query_len, int(seq_lens.max()))
-        query_start_loc = qsl
 
         logits_indices, rows = [], []  # rows: (seq, sample index, output position)
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
         for i, s in enumerate(batch.seqs):
             if seq_lens[i] == len(s.token_ids):
                 width = 1 + max(s.pending_forks, 0) if s.num_output_tokens == 0 and s.index == 0 else 1
-                logits_indices += [query_start_loc[i + 1] - 1] * width
+                logits_indices += [qsl[i + 1] - 1] * width
                 rows += [(s, s.index + j, s.num_output_tokens) for j in range(width)]
             if s.request.needs_prompt_logprobs:
                 # logits at prompt position p score prompt token p + 1
                 last = min(seq_lens[i], s.num_prompt_tokens - 1)
                 positions_here = range(starts[i], last)
-                prompt_lp_indices += [query_start_loc[i] + p - starts[i] for p in positions_here]
+                prompt_lp_indices += [qsl[i] + p - starts[i] for p in positions_here]
                 prompt_lp_targets += s.token_ids[starts[i] + 1: last + 1]
                 prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
         to = lambda a, dtype: torch.tensor(a, dtype=dtype).to(self.device, non_blocking=True)

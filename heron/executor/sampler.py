@@ -86,7 +86,6 @@ class SamplingTensors:
     bias_tokens: torch.Tensor | None
     bias_values: torch.Tensor | None
     all_greedy: bool
-    need_top_k_top_p: bool
     need_min_p: bool
     max_logprobs: int  # -1: no row wants logprobs
     # Host-side summaries (None: derived from the tensors, at the cost of a device sync).
@@ -128,7 +127,6 @@ class SamplingTensors:
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
             all_greedy=all(p.greedy for p in params),
-            need_top_k_top_p=any(k < vocab or p.top_p < 1.0 for k, p in zip(top_k, params)),
             need_min_p=any(p.min_p > 0 for p in params),
             max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
             max_top_k=max((k for k, p in zip(top_k, params) if k < vocab and not p.greedy), default=0),
