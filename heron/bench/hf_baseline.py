@@ -11,7 +11,6 @@ request would have ended) is waste that the timing includes, and that `generated
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
