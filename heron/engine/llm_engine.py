@@ -165,7 +165,7 @@ class LLMEngine:
             prompt_done = seq.num_computed_tokens == seq.num_prompt_tokens and seq.num_output_tokens == 0
             if not result.sampled[i]:
                 continue
-            seqs = [seq] + (self.scheduler.fork(seq) if prompt_done and seq.pending_forks > 0 else [])
+            seqs = [seq] + (self.scheduler.fork(seq) if prompt_done and seq.num_samples > 1 else [])
             lps = result.logprobs[i] or [None] * len(seqs)
             for s, token, lp in zip(seqs, result.sampled[i], lps):
                 if self.output_processor.append(s, token, lp):

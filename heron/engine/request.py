@@ -71,9 +71,12 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
-    def pending_forks(self) -> int:
-        """Samples still to branch off this sequence when its prompt is done (n - 1 before the fork)."""
-        return self.request.params.n - len(self.request.seqs)
+    def num_samples(self) -> int:
+        """Tokens the sequence's next draw yields: all n of its request for a first sample that has not
+        forked yet (it then branches into n sequences), else one. Also the batch slots it takes."""
+        if self.index == 0 and self.num_output_tokens == 0:
+            return self.request.params.n - len(self.request.seqs) + 1
+        return 1
 
     def update_block_hashes(self, block_size: int) -> list[bytes]:
         """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""

@@ -74,10 +74,6 @@ class Scheduler:
         self.bm.free_swapped(seq)
         seq.status = SequenceStatus.FINISHED
 
-    def _seats(self, seq: Sequence) -> int:
-        """Batch slots a sequence will take: a request still to fork takes all n up front."""
-        return 1 + max(seq.pending_forks, 0) if seq.num_output_tokens == 0 and seq.index == 0 else 1
-
     # -- the step ------------------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
@@ -108,10 +104,11 @@ class Scheduler:
 
         if batch.num_preempted > preempted_before:
             return batch  # no admissions in a step that ran out of blocks: they would be undone next step
-        seats = self.config.max_num_seqs - sum(self._seats(s) for s in self.running)
+        # A request that has not forked yet takes the seats of all its n samples up front.
+        seats = self.config.max_num_seqs - sum(s.num_samples for s in self.running)
 
         # 2. Swapped-out sequences come back before new ones.
-        while self.swapped and budget > 0 and seats >= self._seats(self.swapped[0]):
+        while self.swapped and budget > 0 and seats >= self.swapped[0].num_samples:
             seq = self.swapped[0]
             n = min(seq.num_uncomputed_tokens, budget)
             if not self.bm.can_swap_in(seq, n):
@@ -120,11 +117,11 @@ class Scheduler:
             batch.swap_in += self.bm.swap_in(seq)
             batch.block_copies += self.bm.allocate(seq, n)
             self._admit(seq, n, batch)
-            seats -= self._seats(seq)
+            seats -= seq.num_samples
             budget -= n
 
         # 3. Waiting sequences, new or preempted, with whatever the prefix cache already holds.
-        while self.waiting and budget > 0 and not self.swapped and seats >= self._seats(self.waiting[0]):
+        while self.waiting and budget > 0 and not self.swapped and seats >= self.waiting[0].num_samples:
             seq = self.waiting[0]
             cached = self.bm.find_cached(seq)
             n = min(seq.num_uncomputed_tokens - len(cached) * self.bm.block_size, budget)
@@ -137,7 +134,7 @@ class Scheduler:
             self.waiting.pop(0)
             batch.block_copies += copies
             self._admit(seq, n, batch)
-            seats -= self._seats(seq)
+            seats -= seq.num_samples
             budget -= n
         return batch
 
@@ -166,9 +163,9 @@ class Scheduler:
             best, worst = self.waiting[0], max(self.running, key=self._rank)
             if self._rank(best) >= self._rank(worst):
                 return
-            seats = self.config.max_num_seqs - sum(self._seats(s) for s in self.running)
+            seats = self.config.max_num_seqs - sum(s.num_samples for s in self.running)
             need = self.bm.blocks_needed(min(best.num_uncomputed_tokens, self.config.max_num_batched_tokens))
-            if seats >= self._seats(best) and need <= self.bm.num_free_blocks:
+            if seats >= best.num_samples and need <= self.bm.num_free_blocks:
                 return
             self._preempt(worst, batch)
 

@@ -269,7 +269,7 @@ class ModelRunner:
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
         for i, s in enumerate(batch.seqs):
             if seq_lens[i] == len(s.token_ids):
-                width = 1 + max(s.pending_forks, 0) if s.num_output_tokens == 0 and s.index == 0 else 1
+                width = s.num_samples
                 logits_indices += [qsl[i + 1] - 1] * width
                 rows += [(s, s.index + j, s.num_output_tokens) for j in range(width)]
             if s.request.needs_prompt_logprobs:

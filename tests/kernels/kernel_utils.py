@@ -16,6 +16,16 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not interp else "cpu")
 
 
+def skip_unless_runnable(kernel, device: torch.device) -> None:
+    """Skip the calling test module on a CPU where `kernel` was compiled for a GPU rather than wrapped by
+    the interpreter: heron.kernels was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1."""
+    import pytest
+
+    if device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
+        pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
+                    "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+
+
 def make_batch(seq_lens: list[int], q_lens: list[int], block_size: int, device: torch.device,
                gen: torch.Generator, extra_blocks: int = 7, pad_cols: int = 2) -> AttentionMetadata:
     """Sequences with shuffled, non-contiguous blocks (a random permutation of the pool), block-table

@@ -12,7 +12,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import pick_device, rel_err
+from kernel_utils import skip_unless_runnable, pick_device, rel_err
 
 from heron.kernels.activation import (
     _silu_and_mul_kernel,
@@ -26,9 +26,7 @@ DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 
-if not ON_GPU and type(_silu_and_mul_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
-                "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+skip_unless_runnable(_silu_and_mul_kernel, DEVICE)
 
 # dtype -> (relative Frobenius error, fraction of elements allowed to differ from the reference)
 TOL = {torch.float32: (1e-5, 1.0), torch.bfloat16: (4e-3, 0.01)}

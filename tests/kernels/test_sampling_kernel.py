@@ -12,7 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
-from kernel_utils import pick_device  # noqa: E402
+from kernel_utils import skip_unless_runnable, pick_device  # noqa: E402
 
 from heron.engine.request import Request  # noqa: E402
 from heron.executor.sampler import (Sampler, SamplingTensors, gumbel_noise, sample_tokens_torch,  # noqa: E402
@@ -22,9 +22,7 @@ from heron.sampling_params import SamplingParams  # noqa: E402
 
 DEV = pick_device()
 
-if DEV.type != "cuda" and type(_sample_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
-                "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+skip_unless_runnable(_sample_kernel, DEV)
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import assert_close, make_batch, make_cache, pick_device  # noqa: E402
+from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.kv_write import _kv_write_kernel, write_kv_cache, write_kv_cache_ref  # noqa: E402
@@ -20,9 +20,7 @@ DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (large shapes)")
 
-if not ON_GPU and type(_kv_write_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
-                "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+skip_unless_runnable(_kv_write_kernel, DEVICE)
 
 # (num_heads, num_kv_heads): GQA ratios 1, 4, 8
 GQA = [(4, 4), (8, 2), (16, 2)]
