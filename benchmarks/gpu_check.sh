@@ -6,7 +6,7 @@ set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT" /tmp/shapes
 python3 benchmarks/shapes.py /tmp/shapes
-SECTIONS=${*:-machine kernels correctness latency throughput prefill}
+SECTIONS=${*:-machine kernels correctness latency throughput prefill serve}
 heron() { python3 -m heron.entrypoints.cli "$@"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }
@@ -25,6 +25,24 @@ for s in $SECTIONS; do case $s in
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
   prefill) echo "prefill benchmark: not written yet" ;;
+  serve)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
+    M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256
+                                --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
+    run serve-offline heron bench throughput --model $M --load-format dummy --max-model-len 4096 \
+        --save-result --result-name serve-qwen3-0.6b-offline
+    python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8011 \
+        > "$OUT/serve-server.log" 2>&1 &
+    SERVER=$!
+    python3 -c "import time, urllib.request as u
+for _ in range(300):
+    try: u.urlopen('http://127.0.0.1:8011/health'); break
+    except Exception: time.sleep(1)"
+    run serve-inf heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate inf \
+        --disable-tqdm --offline-result benchmarks/results/serve-qwen3-0.6b-offline.json \
+        --label serve-qwen3-0.6b --save-result
+    run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate 8,32,inf \
+        --disable-tqdm --label serve-qwen3-0.6b --save-result
+    kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-server.log" ;;
 esac; done
 tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
 ls -la "$OUT"

@@ -1,6 +1,11 @@
-"""config.json folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
+"""Folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
 
-    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b}/config.json
+    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b}/config.json + tokenizer
+
+No machine reaches the Hugging Face hub, so the real tokenizers are not at hand. Each folder gets a
+word-level tokenizer of the model's vocabulary size instead: token i is the word `w<i>`, text is the words
+joined by spaces, and encoding that text gives the ids back exactly. Serving then detokenizes and
+re-tokenizes real strings (the work an HTTP request costs), and random-token prompts keep their length.
 """
 
 from __future__ import annotations
@@ -28,10 +33,22 @@ SHAPES = {
 }
 
 
+def write_tokenizer(folder: Path, vocab_size: int, bos: int, eos: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=f"w{bos}", eos_token=f"w{eos}").save_pretrained(folder)
+
+
 def write(out: Path) -> None:
     for name, cfg in SHAPES.items():
         (out / name).mkdir(parents=True, exist_ok=True)
         (out / name / "config.json").write_text(json.dumps(cfg, indent=1))
+        eos = cfg["eos_token_id"]
+        write_tokenizer(out / name, cfg["vocab_size"], cfg["bos_token_id"], eos[0] if isinstance(eos, list) else eos)
 
 
 if __name__ == "__main__":
