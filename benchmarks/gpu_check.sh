@@ -33,10 +33,9 @@ for s in $SECTIONS; do case $s in
     python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8011 \
         > "$OUT/serve-server.log" 2>&1 &
     SERVER=$!
-    python3 -c "import time, urllib.request as u
-for _ in range(300):
-    try: u.urlopen('http://127.0.0.1:8011/health'); break
-    except Exception: time.sleep(1)"
+    for _ in $(seq 300); do  # until healthy, or the server has exited
+      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health')" 2>/dev/null && break
+      kill -0 $SERVER 2>/dev/null || break; sleep 1; done
     run serve-inf heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate inf \
         --disable-tqdm --offline-result benchmarks/results/serve-qwen3-0.6b-offline.json \
         --label serve-qwen3-0.6b --save-result

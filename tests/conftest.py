@@ -68,3 +68,20 @@ def embedded_llm():
     from heron import LLM
 
     return LLM(kv_cache_memory=512 << 20)
+
+
+@pytest.fixture
+def spawn_ranks(tmp_path, monkeypatch):
+    """`spawn_ranks(fn, *args)` runs fn(rank, world_size, init_method, *args) in two processes that
+    meet over gloo through a file in tmp_path; fn (module-level, so that it pickles) joins with
+    `init_distributed`. An exception in any rank fails the test with that rank's traceback."""
+    import torch.multiprocessing as mp
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on a 2-core machine
+    calls = iter(range(1 << 30))
+
+    def spawn(fn, *args, world_size: int = 2) -> None:
+        init_method = f"file://{tmp_path / f'dist-init-{next(calls)}'}"  # a store file serves one group
+        mp.spawn(fn, args=(world_size, init_method, *args), nprocs=world_size, join=True)
+
+    return spawn

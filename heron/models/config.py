@@ -30,6 +30,15 @@ class TransformerConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
 
+    def heads_per_rank(self, tp_size: int) -> tuple[int, int]:
+        """(query heads, KV heads) of one tensor-parallel rank. The KV cache is split by KV heads, never
+        replicated, so both counts must divide by `tp_size`."""
+        for name, heads in (("num_attention_heads", self.num_heads), ("num_key_value_heads", self.num_kv_heads)):
+            if heads % tp_size:
+                raise ValueError(f"{name}={heads} is not divisible by tensor_parallel_size={tp_size}: each rank "
+                                 "must hold whole attention heads (the KV cache is split by KV heads).")
+        return self.num_heads // tp_size, self.num_kv_heads // tp_size
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> TransformerConfig:
         arch = (hf.get("architectures") or [_BY_MODEL_TYPE.get(hf.get("model_type"), f"model_type={hf.get('model_type')}")])[0]

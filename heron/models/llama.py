@@ -3,7 +3,9 @@ attention with RoPE and a SwiGLU MLP. Qwen2 (q/k/v bias) and Qwen3 (per-head q/k
 in the switches of `TransformerConfig` and reuse these modules.
 
 q/k/v and gate/up are each one fused projection; `load_weights` stacks the checkpoint's separate
-matrices into them.
+matrices into them. Under tensor parallelism (heron/models/parallel_linear.py) each rank builds the same
+modules with its share of the heads, of the MLP columns and of the vocabulary, and loads its slices
+of the full checkpoint tensors.
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from heron.distributed import get_tp_world_size
 from heron.executor.attention import AttentionBackend, AttentionMetadata
 from heron.models.config import TransformerConfig
 from heron.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from heron.models.parallel_linear import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
+                                          VocabParallelEmbedding, default_weight_loader)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.num_heads, self.num_kv_heads = cfg.heads_per_rank(get_tp_world_size())  # this rank's heads
+        self.head_dim = cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
+        q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_full, kv_full, kv_full], bias=cfg.attention_bias)
+        self.o_proj = RowParallelLinear(q_full, cfg.hidden_size, bias=False)
         # Qwen3: RMSNorm over each head of q and k before RoPE (applied by self.rope, fused on a GPU)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -45,8 +52,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -75,11 +82,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: TransformerConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rope, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.materialize()
 
     def materialize(self) -> None:
@@ -99,40 +106,36 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) into the fused parameters; every parameter
-        (every shard of a fused one) must be covered."""
+        """Hand each checkpoint tensor (Hugging Face name, full shape) to its parameter's loader, which
+        copies this rank's slice (into its part of a fused parameter); every parameter (every part of a
+        fused one) must be covered."""
         params = dict(self.named_parameters())
-        expected = {(n, i) for n in params for i in range(len(self._shard_sizes(n)) if self._fused(n) else 1)}
+        expected = {(n, s) for n in params for s in self._shard_ids(n)}
         if self.cfg.tie_word_embeddings:
-            expected.discard(("lm_head.weight", 0))
+            expected.discard(("lm_head.weight", None))
         loaded = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
             piece = next((p for p in self.stacked if f".{p}." in name), None)
-            target, shard = (name, 0) if piece is None else (name.replace(piece, self.stacked[piece][0]),
-                                                              self.stacked[piece][1])
+            target, shard = (name, None) if piece is None else (name.replace(piece, self.stacked[piece][0]),
+                                                                 self.stacked[piece][1])
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")
-            dst = params[target].data
-            if piece is not None:
-                sizes = self._shard_sizes(target)
-                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
-            if dst.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(dst.shape)}.")
-            dst.copy_(tensor)
+            module = self.get_submodule(target.rpartition(".")[0])
+            loader = getattr(module, "weight_loader", default_weight_loader)
+            try:
+                loader(params[target], tensor, shard)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {name!r} {e}") from None
             loaded.add((target, shard))
         if missing := expected - loaded:
             raise ValueError(f"checkpoint is missing tensors for: {sorted(n for n, _ in missing)[:5]}")
 
-    @staticmethod
-    def _fused(name: str) -> bool:
-        return ".qkv_proj." in name or ".gate_up_proj." in name
-
-    def _shard_sizes(self, name: str) -> list[int]:
-        c = self.cfg
-        if ".qkv_proj." in name:
-            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
-        return [c.intermediate_size, c.intermediate_size]
+    def _shard_ids(self, name: str) -> list[int | None]:
+        """The parts a checkpoint fills a parameter from: one per fused matrix, else the whole."""
+        module = self.get_submodule(name.rpartition(".")[0])
+        if isinstance(module, ColumnParallelLinear) and len(module.output_sizes) > 1:
+            return list(range(len(module.output_sizes)))
+        return [None]

@@ -1,0 +1,82 @@
+"""The tensor-parallel layers: at world size 1 the plain ops in the same shapes; across two gloo ranks,
+loading slices of full tensors and computing what the full layer computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from heron.distributed import destroy_distributed, init_distributed, parallel_state
+from heron.models.parallel_linear import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
+                                          VocabParallelEmbedding)
+
+
+def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(5, 16), torch.randn(12, 16), torch.randn(12)
+    col = ColumnParallelLinear(16, [8, 4], bias=True)
+    col.weight_loader(col.weight, w[:8], 0)
+    col.weight_loader(col.weight, w[8:], 1)
+    col.weight_loader(col.bias, b[:8], 0)
+    col.weight_loader(col.bias, b[8:], 1)
+    assert torch.equal(col(x), F.linear(x, w, b))
+    row = RowParallelLinear(16, 12, bias=True)
+    row.weight_loader(row.weight, w)
+    row.weight_loader(row.bias, b)
+    assert torch.equal(row(x), F.linear(x, w, b))
+    emb, head = VocabParallelEmbedding(12, 16), ParallelLMHead(12, 16)
+    emb.weight_loader(emb.weight, w)
+    head.weight = emb.weight
+    ids = torch.tensor([0, 11, 5])
+    assert torch.equal(emb(ids), F.embedding(ids, w))
+    assert torch.equal(head(x), F.linear(x, w))
+    assert [p.shape for p in (col.weight, row.weight, emb.weight)] == [w.shape] * 3
+
+
+def test_a_checkpoint_tensor_of_the_wrong_shape_is_named_in_the_error():
+    col = ColumnParallelLinear(16, [8, 4], bias=False)
+    with pytest.raises(ValueError, match=r"has shape \(4, 15\), expected \(4, 16\)"):
+        col.weight_loader(col.weight, torch.zeros(4, 15), 1)
+
+
+def test_a_size_that_does_not_divide_by_the_world_size_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(parallel_state, "_world_size", 3)
+    with pytest.raises(ValueError, match=r"output size \(8\) is not divisible by the tensor-parallel size \(3\)"):
+        ColumnParallelLinear(16, [8], bias=False)
+
+
+def _layers(rank: int, world_size: int, init_method: str) -> None:
+    init_distributed(rank, world_size, init_method, "gloo")
+    try:
+        torch.manual_seed(0)  # the same full tensors on every rank
+        x = torch.randn(5, 16)
+        # the attention pattern: fused q/k/v with bias, column-parallel; o with bias, row-parallel
+        wq, wk, wv, wo = torch.randn(8, 16), torch.randn(4, 16), torch.randn(4, 16), torch.randn(16, 8)
+        bq, bk, bv, bo = torch.randn(8), torch.randn(4), torch.randn(4), torch.randn(16)
+        qkv = ColumnParallelLinear(16, [8, 4, 4], bias=True)
+        for shard, (w, b) in enumerate([(wq, bq), (wk, bk), (wv, bv)]):
+            qkv.weight_loader(qkv.weight, w, shard)
+            qkv.weight_loader(qkv.bias, b, shard)
+        q, k, v = qkv(x).split([4, 2, 2], dim=-1)
+        for mine, full in ((q, F.linear(x, wq, bq)), (k, F.linear(x, wk, bk)), (v, F.linear(x, wv, bv))):
+            torch.testing.assert_close(mine, full.chunk(world_size, dim=-1)[rank])
+        o = RowParallelLinear(8, 16, bias=True)
+        o.weight_loader(o.weight, wo)
+        o.weight_loader(o.bias, bo)
+        torch.testing.assert_close(o(q), F.linear(F.linear(x, wq, bq), wo, bo))
+        # a vocabulary of 7 over two ranks: 4 rows each, the last one padding
+        table = torch.randn(7, 16)
+        emb, head = VocabParallelEmbedding(7, 16), ParallelLMHead(7, 16)
+        emb.weight_loader(emb.weight, table)
+        head.weight = emb.weight  # tied
+        assert emb.weight.shape == (4, 16)
+        ids = torch.tensor([0, 3, 4, 6, 2, 6])
+        torch.testing.assert_close(emb(ids), F.embedding(ids, table))
+        torch.testing.assert_close(head(x), F.linear(x, table))
+    finally:
+        destroy_distributed()
+
+
+def test_at_two_ranks_each_layer_computes_the_full_layer_from_the_full_checkpoint_tensors(spawn_ranks):
+    spawn_ranks(_layers)
