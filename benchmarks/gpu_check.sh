@@ -25,6 +25,18 @@ for s in $SECTIONS; do case $s in
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
   prefill) echo "prefill benchmark: not written yet" ;;
+  # Opt-in, with the FlashInfer wheels installed; FlashInfer JIT-compiles for minutes on a bare machine, so
+  # each section restores and saves its built modules (benchmarks/flashinfer_cache.sh) and the build is
+  # time-boxed to leave room for the save. Run them in separate device calls the first time.
+  kernels-vs-flashinfer)
+    . benchmarks/flashinfer_cache.sh
+    run kernels-vs-flashinfer timeout 480 python3 -m heron.kernels.bench --vs-flashinfer --save-result
+    fi_cache_save "$OUT" ;;
+  flashinfer-tests)
+    . benchmarks/flashinfer_cache.sh
+    run flashinfer-tests timeout 480 python3 -m pytest -q -p no:cacheprovider \
+        tests/executor/attention/test_flashinfer_backend.py
+    fi_cache_save "$OUT" ;;
   serve)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256
                                 --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)

@@ -14,6 +14,7 @@ import time
 import torch
 
 from heron import LLM, SamplingParams
+from heron.sampling_params import RequestOutputKind
 
 
 def timed(table: dict, name: str, fn):
@@ -30,12 +31,12 @@ def timed(table: dict, name: str, fn):
 def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: float) -> None:
     engine, runner = llm.engine, llm.engine.runner
     table: dict[str, list[float]] = collections.defaultdict(list)
-    originals = (engine.scheduler.schedule, runner._prepare, runner.sampler, runner._to_host, runner.model.compute_logits,
+    originals = (engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, runner.model.compute_logits,
                  engine.step)
     engine.scheduler.schedule = timed(table, "schedule", engine.scheduler.schedule)
     runner._prepare = timed(table, "prepare inputs", runner._prepare)
     runner.sampler = timed(table, "sampler", runner.sampler)
-    runner._to_host = timed(table, "to host", runner._to_host)
+    engine._process = timed(table, "read back+outputs", engine._process)
     runner.model.compute_logits = timed(table, "lm head", runner.model.compute_logits)
     engine.step = timed(table, "whole step", engine.step)
     g = torch.Generator().manual_seed(0)
@@ -44,7 +45,7 @@ def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: floa
                            SamplingParams(temperature=temperature, max_tokens=steps + 1, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
-    (engine.scheduler.schedule, runner._prepare, runner.sampler, runner._to_host, runner.model.compute_logits,
+    (engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, runner.model.compute_logits,
      engine.step) = originals
     whole = table["whole step"][-steps:]
     print(f"batch {batch}, prompt {prompt_len}, temperature {temperature}: {len(runner.graphs)} graphs; "
@@ -61,7 +62,8 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
     g = torch.Generator().manual_seed(1)
     for i in range(batch):
         engine.add_request(f"k{i}", torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
-                           SamplingParams(temperature=0.6, max_tokens=steps + 8, ignore_eos=True))
+                           SamplingParams(temperature=0.6, max_tokens=steps + 8, ignore_eos=True,
+                                          output_kind=RequestOutputKind.FINAL_ONLY))
     while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     for _ in range(3):

@@ -91,7 +91,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "auto"
-    attention_backend: str = "auto"  # "auto" | "torch" (the GPU issue adds "triton", "flashinfer")
+    attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
 
     def verify(self) -> None:

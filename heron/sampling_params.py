@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import enum
+import functools
 from dataclasses import dataclass, field
 
 _SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    """What the engine returns for a request each step: its cumulative output (streaming), or only
+    the final one (the offline `LLM`, which thereby skips per-step output objects and per-token
+    detokenization)."""
+
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -29,6 +40,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the engine from the tokenizer / generation_config, not by users.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -83,8 +95,11 @@ class SamplingParams:
         return self.temperature < _SAMPLING_EPS
 
     @property
-    def all_stop_token_ids(self) -> set[int]:
-        ids = set(self.stop_token_ids)
-        if not self.ignore_eos:
-            ids.update(self.eos_token_ids)
-        return ids
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @functools.cached_property
+    def all_stop_token_ids(self) -> frozenset[int]:
+        """Read for every sampled token: computed once (the engine sets eos_token_ids with
+        dataclasses.replace, which makes a new object)."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(self.eos_token_ids))

@@ -64,7 +64,10 @@ class BlockManager:
         """Make room for `num_new_tokens` more tokens of `seq`, first adopting `cached` prefix blocks
         (only for a sequence that holds none). Returns the block copies (src, dst) needed before the
         write — copy-on-write of a shared, partly filled last block — or None when there is no room,
-        in which case nothing changed."""
+        in which case nothing changed.
+
+        A block table only ever grows in place; any other change gives the sequence a new list, so the
+        model runner can copy just the new entries of a table it has seen before."""
         revived = sum(1 for b in cached if self.ref_count[b] == 0)
         computed = seq.num_computed_tokens + len(cached) * self.block_size
         needed = self.blocks_needed(computed + num_new_tokens) - len(seq.block_table) - len(cached)
@@ -83,7 +86,7 @@ class BlockManager:
             i = computed // self.block_size
             src, dst = seq.block_table[i], self._pop_free()
             self.ref_count[src] -= 1
-            seq.block_table[i] = dst
+            seq.block_table = [*seq.block_table[:i], dst, *seq.block_table[i + 1:]]  # a new list: see allocate
             copies.append((src, dst))
         for _ in range(needed):
             seq.block_table.append(self._pop_free())
@@ -93,9 +96,11 @@ class BlockManager:
         """Name the blocks that the last step filled, so later sequences can reuse them."""
         if not self.enable_prefix_caching:
             return
+        # A block computed earlier whose last token was still pending then is named now too.
+        first = min(num_computed_before // self.block_size, len(seq.block_hashes))
         hashes = seq.update_block_hashes(self.block_size)
         end = min(seq.num_computed_tokens // self.block_size, len(hashes))
-        for i in range(num_computed_before // self.block_size, end):
+        for i in range(first, end):
             block, h = seq.block_table[i], hashes[i]
             if self.block_hash[block] is None and h not in self.hash_to_block:
                 self.block_hash[block] = h

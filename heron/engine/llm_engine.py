@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 from heron.config import EngineConfig, resolve_device
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
-from heron.engine.request import Request, Sequence
+from heron.engine.request import PENDING_TOKEN, Request, Sequence
 from heron.engine.scheduler import Scheduler
-from heron.executor.model_runner import ModelRunner
+from heron.executor.model_runner import InflightStep, ModelRunner
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        self._inflight: InflightStep | None = None  # the launched step whose tokens are not read back yet
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping", num_blocks, bs,
@@ -138,45 +139,71 @@ class LLMEngine:
         return self._finish_request(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # -- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that advanced (finished ones last
-        time they appear)."""
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            return []
-        now = time.time()
-        for seq in batch.seqs:
-            m = seq.request.metrics
-            if m.first_scheduled_time is None:
-                m.first_scheduled_time = now
-        result = self.runner.execute(batch)
-        self.scheduler.update(batch)
-        self.stats.num_preemptions = self.scheduler.num_preemptions
-        now = time.time()
+        time they appear; with RequestOutputKind.FINAL_ONLY, only those).
+
+        The iteration is pipelined: step t is scheduled and launched before step t - 1's tokens are read
+        back, so the host's work (scheduling, input preparation, detokenization) overlaps the GPU's. Each
+        token of step t - 1 stands as a placeholder meanwhile (PENDING_TOKEN): the scheduler counts it,
+        the model runner takes its value on the device, and the output processor writes it in. A
+        sequence that turns out to have finished with step t - 1's token wastes its row in step t; one
+        that reaches max_tokens or max_model_len is known in advance and not scheduled. A step whose
+        tokens the next one needs on the host (an n > 1 request forking, repetition penalties) is read
+        back at once."""
         touched: dict[str, Request] = {}
-        for i, seq in enumerate(batch.seqs):
+        batch = self.scheduler.schedule()
+        launched = None
+        if batch.seqs:
+            now = time.time()
+            for seq in batch.seqs:
+                if seq.request.metrics.first_scheduled_time is None:
+                    seq.request.metrics.first_scheduled_time = now
+            launched = self.runner.execute(batch)
+            self.scheduler.update(batch)
+            self.stats.num_preemptions = self.scheduler.num_preemptions
+            for seq, width in zip(batch.seqs, launched.width):
+                if width:
+                    seq.token_ids.append(PENDING_TOKEN)
+                    seq.num_pending += 1
+        if self._inflight is not None:
+            self._process(self._inflight, touched)
+        self._inflight = launched
+        if launched is not None and any(w > 1 or (w and s.params.has_penalties)
+                                        for s, w in zip(batch.seqs, launched.width)):
+            self._process(launched, touched)
+            self._inflight = None
+        return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)
+                for r in touched.values()
+                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+
+    def _process(self, step: InflightStep, touched: dict[str, Request]) -> None:
+        """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
+        result = step.result()
+        now = time.time()
+        for i, seq in enumerate(step.batch.seqs):
+            if seq.is_finished:  # aborted, or finished by a token of the step before while this one ran
+                continue
             req = seq.request
             if result.prompt_logprobs[i]:
                 req.prompt_logprobs += result.prompt_logprobs[i]
-            prompt_done = seq.num_computed_tokens == seq.num_prompt_tokens and seq.num_output_tokens == 0
             if not result.sampled[i]:
                 continue
-            seqs = [seq] + (self.scheduler.fork(seq) if prompt_done and seq.num_samples > 1 else [])
+            index = step.inputs.starts[i] + step.batch.num_tokens[i]  # where its placeholder stands
+            seqs = [seq] + (self.scheduler.fork(seq) if len(result.sampled[i]) > 1 else [])
             lps = result.logprobs[i] or [None] * len(seqs)
             for s, token, lp in zip(seqs, result.sampled[i], lps):
-                if self.output_processor.append(s, token, lp):
+                if self.output_processor.append(s, index, token, lp):
                     self._retire(s)
             self.stats.generation_tokens += len(seqs)
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             req.metrics.last_token_time = now
             touched[req.request_id] = req
-        return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)
-                for r in touched.values()]
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

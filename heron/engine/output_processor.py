@@ -6,6 +6,7 @@ from __future__ import annotations
 from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from heron.engine.request import Request, Sequence
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.sampling_params import RequestOutputKind
 
 
 class OutputProcessor:
@@ -15,17 +16,19 @@ class OutputProcessor:
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
 
-    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None) -> bool:
-        """Add one sampled token to `seq`; True when this token finishes it."""
+    def append(self, seq: Sequence, index: int, token: int, logprobs: Logprobs | None) -> bool:
+        """Write the token sampled for position `index` of `seq` over its placeholder; True when this
+        token finishes the sequence (a placeholder after it, of a step already launched, is dropped)."""
         p = seq.params
-        seq.token_ids.append(token)
+        seq.token_ids[index] = token
+        seq.num_pending -= 1
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
-        n_out = seq.num_output_tokens
+        n_out = index + 1 - seq.num_prompt_tokens
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
         piece = ""
-        if self.tokenizer is not None and not (stopped_by_token and not p.include_stop_str_in_output):
+        if self._detokenizes(seq) and not (stopped_by_token and not p.include_stop_str_in_output):
             detok = self._detok.get(seq.seq_id)
             if detok is None:
                 detok = self._detok[seq.seq_id] = IncrementalDetokenizer(
@@ -43,13 +46,32 @@ class OutputProcessor:
         elif hit and n_out >= p.min_tokens:
             seq.output_text, seq.stop_reason = hit
             seq.finish_reason = "stop"
-        elif (p.max_tokens is not None and n_out >= p.max_tokens) or len(seq.token_ids) >= self.max_model_len:
+        elif (p.max_tokens is not None and n_out >= p.max_tokens) or index + 1 >= self.max_model_len:
             seq.finish_reason = "length"
-        return seq.finish_reason is not None
+        if seq.finish_reason is None:
+            return False
+        del seq.token_ids[index + 1:]
+        seq.num_pending = 0
+        return True
+
+    def _detokenizes(self, seq: Sequence) -> bool:
+        """Text token by token is needed for streaming and for stop strings; a request that only wants its
+        final output and has no stop strings is decoded once, when it finishes (see release)."""
+        p = seq.params
+        return self.tokenizer is not None and (p.output_kind is not RequestOutputKind.FINAL_ONLY or bool(p.stop))
 
     def release(self, seq: Sequence) -> None:
         """A finished sequence flushes any text held back for an incomplete character."""
         detok = self._detok.pop(seq.seq_id, None)
+        if detok is None and self.tokenizer is not None and not self._detokenizes(seq):
+            # the same decoder as streaming, over all the output at once
+            p = seq.params
+            ids = seq.output_token_ids
+            if seq.finish_reason == "stop" and not p.include_stop_str_in_output:
+                ids = ids[:-1]  # the stop token (stop strings are never deferred)
+            detok = IncrementalDetokenizer(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens],
+                                           p.skip_special_tokens, p.spaces_between_special_tokens)
+            seq.output_text = detok.step(ids) if ids else ""
         if detok is not None and seq.finish_reason != "stop":
             seq.output_text += detok.flush()
         self._stop.pop(seq.seq_id, None)

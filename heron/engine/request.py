@@ -27,6 +27,11 @@ class SequenceStatus(enum.Enum):
 
 _seq_ids = itertools.count()
 
+# Stands in token_ids for a token sampled by a step still running on the GPU (see LLMEngine.step): the
+# scheduler already counts it, the model runner reads its value on the device, the output processor
+# writes it in when the step's results arrive.
+PENDING_TOKEN = -1
+
 
 class Sequence:
     def __init__(self, request: Request, index: int, token_ids: list[int]) -> None:
@@ -35,7 +40,8 @@ class Sequence:
         self.index = index  # which of the request's n samples
         self.token_ids = token_ids  # prompt followed by the output so far
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
-        self.block_table: list[int] = []
+        self.num_pending = 0  # trailing PENDING_TOKEN entries of token_ids
+        self.block_table: list[int] = []  # appended to in place, replaced on any other change
         self.cpu_block_table: list[int] = []  # while swapped out
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
         self.status = SequenceStatus.WAITING
@@ -56,7 +62,8 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.request.num_prompt_tokens:]
+        """The output tokens known on the host (not those of a step still running)."""
+        return self.token_ids[self.request.num_prompt_tokens: len(self.token_ids) - self.num_pending]
 
     @property
     def num_output_tokens(self) -> int:
@@ -65,6 +72,12 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def reached_length_limit(self, max_model_len: int) -> bool:
+        """No token may follow: max_tokens are out, or the context is full (decided without knowing the
+        last token's value, so a pending token counts)."""
+        max_tokens = self.request.params.max_tokens
+        return (max_tokens is not None and self.num_output_tokens >= max_tokens) or len(self.token_ids) >= max_model_len
 
     @property
     def is_finished(self) -> bool:
@@ -79,8 +92,10 @@ class Sequence:
         return 1
 
     def update_block_hashes(self, block_size: int) -> list[bytes]:
-        """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
-        for i in range(len(self.block_hashes), len(self.token_ids) // block_size):
+        """Extend the chained hashes to every full block of known token_ids; a hash names a block's whole
+        prefix."""
+        known = len(self.token_ids) - self.num_pending
+        for i in range(len(self.block_hashes), known // block_size):
             parent = self.block_hashes[i - 1] if i else b""
             chunk = np.asarray(self.token_ids[i * block_size:(i + 1) * block_size], dtype=np.int64)
             self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
@@ -90,6 +105,7 @@ class Sequence:
         """A sibling at the same point (called when the prompt is done, before any output token)."""
         child = Sequence(self.request, index, list(self.token_ids))
         child.num_computed_tokens = self.num_computed_tokens
+        child.num_pending = self.num_pending
         child.block_hashes = list(self.block_hashes)
         child.status = self.status
         child.num_cached_tokens = self.num_cached_tokens

@@ -88,6 +88,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending and seq.reached_length_limit(self.config.max_model_len):
+                i += 1  # its last token is still being sampled and ends it (see LLMEngine.step)
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while (copies := self.bm.allocate(seq, n)) is None:
                 victim = self.running[-1]

@@ -33,7 +33,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)")
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: first come, first served; priority: lowest `priority` first, then arrival")
-    g.add_argument("--attention-backend", default="auto", help="auto, torch or triton")
+    g.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flashinfer")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy: random weights in the shapes of the model's config.json (benchmarks)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -11,7 +12,7 @@ from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
 from heron.models.loader import ModelSource
 from heron.outputs import RequestOutput
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int]
 Message = dict[str, object]
@@ -64,6 +65,7 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts), "sampling_params")
+        params = [replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         priority = _per_prompt(list(priority) if priority is not None else 0, len(prompts), "priority")
         ids = []
         try:

@@ -1,48 +1,127 @@
-"""One step's model inputs, in buffers that live as long as the runner: filled in place on the host
-(pinned, on GPU machines), copied to the device with one asynchronous copy per array. A captured CUDA
-graph reads the same device addresses every step, and nothing is allocated per step."""
+"""One step's model and sampler inputs, in buffers that live as long as the runner: filled in place on
+the host, copied to the device with one asynchronous copy per array. A captured CUDA graph reads the
+same device addresses every step, and nothing is allocated per step.
+
+On a GPU the host side is pinned memory, and there are two of them, used in turn (`flip`): the engine
+prepares step t+1 while step t runs, and step t's copies may still be queued behind step t-1 then, so
+the host must not overwrite what they read. (Copies from pageable memory would be worse than slow: CUDA
+synchronises the stream before each one.) On the CPU host and device are one set of tensors.
+"""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 
+def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    i32, i64, f32 = torch.int32, torch.int64, torch.float32
+    return {
+        "input_ids": ((max_tokens,), i64),
+        "positions": ((max_tokens,), i64),
+        "slot_mapping": ((max_tokens,), i64),
+        "query_start_loc": ((max_seqs + 1,), i32),
+        "seq_lens": ((max_seqs,), i32),
+        "block_tables": ((max_seqs, max_blocks_per_seq), i32),
+        "logits_indices": ((max_seqs + max_tokens,), i64),  # sampled rows, then prompt-logprob rows
+        "prompt_lp_targets": ((max_tokens,), i64),
+        "pending_dst": ((max_seqs,), i64),  # input positions whose token is the previous step's sample ...
+        "pending_src": ((max_seqs,), i64),  # ... in this row of it
+        "sampling_f32": ((3, max_seqs), f32),  # temperature, top_p, min_p
+        "sampling_i64": ((3, max_seqs), i64),  # top_k, seed, counter
+    }
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device) -> None:
         self.device = device
+        layout = _layout(max_tokens, max_seqs, max_blocks_per_seq)
         on_gpu = device.type == "cuda"
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.dev = SimpleNamespace(**{k: torch.zeros(shape, dtype=dt, device=device) for k, (shape, dt) in layout.items()})
+        sides = [SimpleNamespace(**{k: torch.zeros(shape, dtype=dt, pin_memory=True) for k, (shape, dt) in
+                                    layout.items()}) for _ in range(2)] if on_gpu else [self.dev]
+        self._sides = [(side, SimpleNamespace(**{k: t.numpy() for k, t in vars(side).items()})) for side in sides]
+        self._side = 0
 
-        def pair(shape, dtype) -> tuple[np.ndarray, torch.Tensor]:
-            host = torch.zeros(shape, dtype=dtype, pin_memory=on_gpu)
-            dev = torch.zeros(shape, dtype=dtype, device=device) if on_gpu else host
-            self._pairs.append((host, dev))
-            return host.numpy(), dev
+    def flip(self) -> None:
+        """Switch to the other host side (call once per step, before filling)."""
+        self._side = (self._side + 1) % len(self._sides)
 
-        self.input_ids, self.input_ids_dev = pair(max_tokens, torch.int64)
-        self.positions, self.positions_dev = pair(max_tokens, torch.int64)
-        self.slot_mapping, self.slot_mapping_dev = pair(max_tokens, torch.int64)
-        self.query_start_loc, self.query_start_loc_dev = pair(max_seqs + 1, torch.int32)
-        self.seq_lens, self.seq_lens_dev = pair(max_seqs, torch.int32)
-        self.block_tables, self.block_tables_dev = pair((max_seqs, max_blocks_per_seq), torch.int32)
-        self.query_start_loc_host = self._pairs[3][0]
-        self.seq_lens_host = self._pairs[4][0]
+    @property
+    def host(self) -> SimpleNamespace:
+        """The current host side as torch tensors (for metadata read on the host)."""
+        return self._sides[self._side][0]
 
-    def upload(self, num_tokens: int, num_seqs: int) -> None:
-        """Copy the filled prefixes to the device (no-op on CPU, where both sides are one tensor)."""
+    @property
+    def np(self) -> SimpleNamespace:
+        """The current host side as numpy arrays (for filling)."""
+        return self._sides[self._side][1]
+
+    def upload(self, **counts: int) -> None:
+        """Copy the first counts[name] rows of each named array to the device (no-op on the CPU)."""
         if self.device.type != "cuda":
             return
-        sizes = (num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs)
-        for (host, dev), n in zip(self._pairs, sizes):
-            dev[:n].copy_(host[:n], non_blocking=True)
+        host = self.host
+        for name, n in counts.items():
+            getattr(self.dev, name)[:n].copy_(getattr(host, name)[:n], non_blocking=True)
+
+    def upload_batch(self, num_tokens: int, num_seqs: int) -> None:
+        """The model's and attention's inputs for `num_tokens` tokens of `num_seqs` sequences."""
+        self.upload(input_ids=num_tokens, positions=num_tokens, slot_mapping=num_tokens,
+                    query_start_loc=num_seqs + 1, seq_lens=num_seqs, block_tables=num_seqs)
 
     def pad_decode(self, num_seqs: int, padded: int) -> None:
         """Rows num_seqs..padded of a captured decode graph: no keys, no cache write, harmless ids."""
         if padded == num_seqs:
             return
-        self.input_ids[num_seqs:padded] = 0
-        self.positions[num_seqs:padded] = 0
-        self.slot_mapping[num_seqs:padded] = -1
-        self.seq_lens[num_seqs:padded] = 0
-        self.query_start_loc[num_seqs + 1: padded + 1] = np.arange(num_seqs + 1, padded + 1)
+        h = self.np
+        h.input_ids[num_seqs:padded] = 0
+        h.positions[num_seqs:padded] = 0
+        h.slot_mapping[num_seqs:padded] = -1
+        h.seq_lens[num_seqs:padded] = 0
+        h.query_start_loc[num_seqs + 1: padded + 1] = np.arange(num_seqs + 1, padded + 1)
+
+
+class BlockTables:
+    """Every scheduled sequence's block table, kept across steps in a host array with one row per
+    sequence, so that a step copies only the blocks added since the last (block tables grow in place;
+    a table the block manager replaced is rewritten whole), then gathers its batch's rows at once."""
+
+    def __init__(self, num_rows: int, max_blocks_per_seq: int) -> None:
+        self.table = np.zeros((num_rows, max_blocks_per_seq), dtype=np.int32)
+        self.owner: list[tuple[int, list[int], int] | None] = [None] * num_rows  # (seq_id, table, blocks written)
+        self.row_of: dict[int, int] = {}  # seq_id -> row
+        self.free = list(range(num_rows - 1, -1, -1))
+
+    def gather(self, seqs: list, out: np.ndarray) -> None:
+        """out[i] = block table of seqs[i] (`out` has at least len(seqs) rows)."""
+        rows = [self._update(s, seqs) for s in seqs]
+        np.take(self.table, rows, axis=0, out=out[: len(rows)])
+
+    def _update(self, seq, batch: list) -> int:
+        row = self.row_of.get(seq.seq_id)
+        if row is None:
+            row = self._new_row(seq.seq_id, batch)
+        _, table, written = self.owner[row]
+        if table is not seq.block_table:
+            written = 0
+        new = seq.block_table[written:]
+        if new:
+            self.table[row, written: written + len(new)] = new
+        self.owner[row] = (seq.seq_id, seq.block_table, len(seq.block_table))
+        return row
+
+    def _new_row(self, seq_id: int, batch: list) -> int:
+        if not self.free:  # rows of sequences outside this batch are taken back (finished or preempted)
+            live = {s.seq_id for s in batch}
+            for row, owner in enumerate(self.owner):
+                if owner is not None and owner[0] not in live:
+                    del self.row_of[owner[0]]
+                    self.owner[row] = None
+                    self.free.append(row)
+        row = self.free.pop()
+        self.row_of[seq_id] = row
+        self.owner[row] = (seq_id, [], 0)
+        return row

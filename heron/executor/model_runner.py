@@ -17,8 +17,9 @@ import torch
 from heron.config import EngineConfig, resolve_dtype
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
-from heron.executor.input_buffers import InputBuffers
-from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
+from heron.engine.request import PENDING_TOKEN, Sequence
+from heron.executor.input_buffers import BlockTables, InputBuffers
+from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
 from heron.models.registry import get_model_cls
@@ -48,14 +49,18 @@ class ModelRunner:
         self.backend = backend_cls(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim,
                                    model_cfg.head_dim ** -0.5)
         self.model = self._load_model(source)
-        self.backend.reserve(config.scheduler.max_num_seqs, device)
+        sched = config.scheduler
+        max_blocks = -(-sched.max_model_len // self.block_size)
+        self.backend.reserve(sched.max_num_seqs, device, dtype=self.dtype, block_size=self.block_size,
+                             max_blocks_per_seq=max_blocks)
         self.sampler = Sampler()
         self.kv_cache: torch.Tensor | None = None
         self.cpu_kv_cache: torch.Tensor | None = None
-        sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
-        self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs,
-                                    -(-sched.max_model_len // self.block_size), device)
+        self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, max_blocks, device)
+        self.block_tables = BlockTables(2 * sched.max_num_seqs, max_blocks)
+        self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
+        self._last_rows: dict[int, int] = {}  # seq_id -> its row in _last_sampled
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
@@ -113,7 +118,7 @@ class ModelRunner:
         meta = self._fill_dummy_prefill(lens, blocks_per_seq)
         with torch.inference_mode():
             b = self.buffers
-            hidden = self.model(b.input_ids_dev[:tokens], b.positions_dev[:tokens], meta)
+            hidden = self.model(b.dev.input_ids[:tokens], b.dev.positions[:tokens], meta)
             self.model.compute_logits(hidden[: sched.max_num_seqs]).softmax(-1)
         torch.cuda.synchronize(self.device)
         peak_without_kv = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
@@ -131,17 +136,17 @@ class ModelRunner:
 
     def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> AttentionMetadata:
         """Prefill-shaped inputs for profiling: sequences of `lens` tokens, each in its own blocks."""
-        b, n = self.buffers, sum(lens)
-        b.query_start_loc[: len(lens) + 1] = np.concatenate([[0], np.cumsum(lens)])
-        b.seq_lens[: len(lens)] = lens
-        b.block_tables[: len(lens), :blocks_per_seq] = np.arange(len(lens) * blocks_per_seq).reshape(len(lens), -1)
+        b, h, n, num_seqs = self.buffers, self.buffers.np, sum(lens), len(lens)
+        h.query_start_loc[: num_seqs + 1] = np.concatenate([[0], np.cumsum(lens)])
+        h.seq_lens[:num_seqs] = lens
+        h.block_tables[:num_seqs, :blocks_per_seq] = np.arange(num_seqs * blocks_per_seq).reshape(num_seqs, -1)
         pos = np.concatenate([np.arange(x) for x in lens])
-        seq = np.repeat(np.arange(len(lens)), lens)
-        b.input_ids[:n] = 0
-        b.positions[:n] = pos
-        b.slot_mapping[:n] = b.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size \
+        seq = np.repeat(np.arange(num_seqs), lens)
+        h.input_ids[:n] = 0
+        h.positions[:n] = pos
+        h.slot_mapping[:n] = h.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size \
             + pos % self.block_size
-        b.upload(n, len(lens))
+        b.upload_batch(n, num_seqs)
         return self._metadata(len(lens), n, max(lens), max(lens))
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
@@ -168,7 +173,7 @@ class ModelRunner:
         sizes = sorted({s for s in [1, 2, 4, *range(8, self.max_num_seqs + 1, 8)] if s <= self.max_num_seqs}
                        | {self.max_num_seqs}, reverse=True)
         b, pool = self.buffers, None
-        run = lambda size, meta: self.model(b.input_ids_dev[:size], b.positions_dev[:size], meta)
+        run = lambda size, meta: self.model(b.dev.input_ids[:size], b.dev.positions[:size], meta)
         metas = {}
         with torch.inference_mode():
             # Every size runs once eagerly before any capture: kernels compile, and backend workspaces
@@ -176,8 +181,8 @@ class ModelRunner:
             # freed memory).
             for size in sizes:
                 b.pad_decode(0, size)
-                b.upload(size, size)
-                metas[size] = self._metadata(size, size, 1, 1)
+                b.upload_batch(size, size)
+                metas[size] = self._metadata(size, size, 1, 1, cuda_graph=True)
                 run(size, metas[size])
             torch.cuda.synchronize(self.device)
             for size in sizes:
@@ -193,24 +198,33 @@ class ModelRunner:
     # -- one step -------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> ModelRunnerOutput:
+    def execute(self, batch: ScheduledBatch) -> InflightStep:
+        """Launch one step on the device and return at once (on a GPU); `InflightStep.result()` waits
+        for its sampled tokens. Sequences whose last input token is the previous step's sample (still
+        on the device) get it there: the engine prepares step t + 1 before step t's tokens reach the host."""
         self._move_blocks(batch)
+        self.buffers.flip()
         inputs = self._prepare(batch)
-        graph = self.graphs.get(inputs["graph_size"])
+        b = self.buffers
+        if inputs.num_pending:
+            dst, src = b.dev.pending_dst[: inputs.num_pending], b.dev.pending_src[: inputs.num_pending]
+            b.dev.input_ids.index_copy_(0, dst, self._last_sampled.index_select(0, src).long())
+        graph = self.graphs.get(inputs.graph_size)
         if graph is not None:
             graph[0].replay()
             hidden = graph[1]
         else:
-            b, n = self.buffers, inputs["num_tokens"]
-            hidden = self.model(b.input_ids_dev[:n], b.positions_dev[:n], inputs["meta"])
-        logits = self.model.compute_logits(hidden[inputs["logits_indices"]])
-        num_sample = inputs["num_sample_rows"]
-        out = self.sampler(logits[:num_sample], inputs["sampling"])
+            n = inputs.num_tokens
+            hidden = self.model(b.dev.input_ids[:n], b.dev.positions[:n], inputs.meta)
+        logits = self.model.compute_logits(hidden[b.dev.logits_indices[: inputs.num_logits]])
+        num_sample = len(inputs.rows)
+        out = self.sampler(logits[:num_sample], inputs.sampling)
+        self._last_sampled = out.token_ids
         prompt_lp = None
-        if inputs["prompt_lp_k"] >= 0:
-            prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), inputs["prompt_lp_targets"],
-                                        inputs["prompt_lp_k"])
-        return self._to_host(batch, inputs, out, prompt_lp)
+        if inputs.prompt_lp_k >= 0:
+            targets = b.dev.prompt_lp_targets[: inputs.num_logits - num_sample]
+            prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), targets, inputs.prompt_lp_k)
+        return InflightStep(batch, inputs, out, prompt_lp)
 
     def _move_blocks(self, batch: ScheduledBatch) -> None:
         """Swaps and copy-on-write copies, before any of this step's writes."""
@@ -225,13 +239,17 @@ class ModelRunner:
             src, dst = zip(*batch.block_copies)
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
-    def _metadata(self, num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
-        b = self.buffers
+    def _metadata(self, num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int,
+                  cuda_graph: bool = False) -> AttentionMetadata:
+        """The step's attention metadata over the buffers, planned by the backend. `cuda_graph`: a padded
+        decode batch that a captured graph runs (a backend that plans into fixed buffers uses the graph's)."""
+        d, h = self.buffers.dev, self.buffers.host
         meta = AttentionMetadata(
-            num_seqs=num_seqs, num_tokens=num_tokens, query_start_loc=b.query_start_loc_dev[: num_seqs + 1],
-            seq_lens=b.seq_lens_dev[:num_seqs], block_tables=b.block_tables_dev[:num_seqs],
-            slot_mapping=b.slot_mapping_dev[:num_tokens], max_query_len=max_query_len, max_seq_len=max_seq_len,
-            query_start_loc_cpu=b.query_start_loc_host[: num_seqs + 1], seq_lens_cpu=b.seq_lens_host[:num_seqs])
+            num_seqs=num_seqs, num_tokens=num_tokens, query_start_loc=d.query_start_loc[: num_seqs + 1],
+            seq_lens=d.seq_lens[:num_seqs], block_tables=d.block_tables[:num_seqs],
+            slot_mapping=d.slot_mapping[:num_tokens], max_query_len=max_query_len, max_seq_len=max_seq_len,
+            query_start_loc_cpu=h.query_start_loc[: num_seqs + 1], seq_lens_cpu=h.seq_lens[:num_seqs],
+            block_tables_cpu=h.block_tables[:num_seqs], cuda_graph=cuda_graph)
         self.backend.prepare(meta)
         return meta
 
@@ -239,82 +257,129 @@ class ModelRunner:
         """The smallest captured batch size that holds `num_seqs` decode rows."""
         return next((size for size in sorted(self.graphs) if size >= num_seqs), None)
 
-    def _prepare(self, batch: ScheduledBatch) -> dict:
-        bs, b = self.block_size, self.buffers
-        num_seqs = len(batch)
+    def _prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """Fill the host buffers for `batch` and queue their copies to the device. Vectorised over
+        tokens; the per-sequence Python left is reading each sequence's new token ids and sampling rows."""
+        bs, b, h = self.block_size, self.buffers, self.buffers.np
+        seqs, num_seqs = batch.seqs, len(batch)
         num_tokens = np.asarray(batch.num_tokens, dtype=np.int32)
-        starts = np.asarray([s.num_computed_tokens for s in batch.seqs], dtype=np.int32)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int32, count=num_seqs)
         seq_lens = starts + num_tokens
         total = int(num_tokens.sum())
-        qsl = b.query_start_loc[: num_seqs + 1]
+        qsl = h.query_start_loc[: num_seqs + 1]
         qsl[0] = 0
         np.cumsum(num_tokens, out=qsl[1:])
-        b.seq_lens[:num_seqs] = seq_lens
-        b.input_ids[:total] = np.concatenate([s.token_ids[x:y] for s, x, y in zip(batch.seqs, starts, seq_lens)])
-        # positions and slots, vectorised over tokens
+        h.seq_lens[:num_seqs] = seq_lens
+        if total == num_seqs:  # decode: one token each
+            h.input_ids[:total] = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
+        else:
+            h.input_ids[:total] = np.concatenate([s.token_ids[x:y] for s, x, y in
+                                                  zip(seqs, starts.tolist(), seq_lens.tolist())])
         seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
         positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
-        b.positions[:total] = positions
-        for i, s in enumerate(batch.seqs):
-            b.block_tables[i, : len(s.block_table)] = s.block_table
-        b.slot_mapping[:total] = b.block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        h.positions[:total] = positions
+        self.block_tables.gather(seqs, h.block_tables)
+        h.slot_mapping[:total] = h.block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        # Tokens sampled by the previous step, not yet on the host: copied on the device from its output.
+        pending = np.flatnonzero(h.input_ids[:total] == PENDING_TOKEN)
+        h.pending_dst[: len(pending)] = pending
+        h.pending_src[: len(pending)] = [self._last_rows[seqs[i].seq_id] for i in seq_of_token[pending].tolist()]
+
         max_query_len = int(num_tokens.max())
         graph_size = self._graph_size(num_seqs) if max_query_len == 1 else None
         if graph_size is not None:
             b.pad_decode(num_seqs, graph_size)
-        b.upload(graph_size or total, graph_size or num_seqs)
-        meta = None if graph_size else self._metadata(num_seqs, total, max_query_len, int(seq_lens.max()))
 
-        logits_indices, rows = [], []  # rows: (seq, sample index, output position)
+        rows, width, logits_indices = [], [0] * num_seqs, []  # rows: (seq, sample index, output position)
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
-        for i, s in enumerate(batch.seqs):
-            if seq_lens[i] == len(s.token_ids):
-                width = s.num_samples
-                logits_indices += [qsl[i + 1] - 1] * width
-                rows += [(s, s.index + j, s.num_output_tokens) for j in range(width)]
+        samples = np.flatnonzero(seq_lens == np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs))
+        for i in samples.tolist():
+            s = seqs[i]
+            width[i] = s.num_samples
+            logits_indices += [qsl[i + 1] - 1] * width[i]
+            rows += [(s, s.index + j, s.num_output_tokens) for j in range(width[i])]
+        for i, s in enumerate(seqs):
             if s.request.needs_prompt_logprobs:
                 # logits at prompt position p score prompt token p + 1
-                last = min(seq_lens[i], s.num_prompt_tokens - 1)
-                positions_here = range(starts[i], last)
-                prompt_lp_indices += [qsl[i] + p - starts[i] for p in positions_here]
-                prompt_lp_targets += s.token_ids[starts[i] + 1: last + 1]
+                start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
+                prompt_lp_indices += range(qsl[i], qsl[i] + max(last - start, 0))
+                prompt_lp_targets += s.token_ids[start + 1: last + 1]
                 prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
-        to = lambda a, dtype: torch.tensor(a, dtype=dtype).to(self.device, non_blocking=True)
-        return {
-            "num_tokens": total,
-            "graph_size": graph_size,
-            "meta": meta,
-            "logits_indices": to(logits_indices + prompt_lp_indices, torch.long),
-            "num_sample_rows": len(rows),
-            "rows": rows,
-            "sampling": SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device),
-            "prompt_lp_k": prompt_lp_k if prompt_lp_indices else -1,
-            "prompt_lp_targets": to(prompt_lp_targets, torch.long),
-        }
+        self._last_rows = {s.seq_id: r for r, (s, j, _) in enumerate(rows) if j == s.index}
+        num_logits = len(logits_indices) + len(prompt_lp_indices)
+        h.logits_indices[:num_logits] = logits_indices + prompt_lp_indices
+        h.prompt_lp_targets[: len(prompt_lp_targets)] = prompt_lp_targets
+        d = b.dev
+        sampling = SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device,
+                                         (h.sampling_f32, h.sampling_i64, d.sampling_f32, d.sampling_i64))
+        b.upload_batch(graph_size or total, graph_size or num_seqs)
+        b.upload(logits_indices=num_logits, prompt_lp_targets=len(prompt_lp_targets), pending_dst=len(pending),
+                 pending_src=len(pending), sampling_f32=3, sampling_i64=3)
+        # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
+        meta = self._metadata(graph_size or num_seqs, graph_size or total, max_query_len, int(seq_lens.max()),
+                              cuda_graph=graph_size is not None)
+        return StepInputs(num_tokens=total, graph_size=graph_size, meta=meta, num_logits=num_logits, rows=rows,
+                          width=width, starts=starts.tolist(), sampling=sampling, num_pending=len(pending),
+                          prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
 
-    def _to_host(self, batch: ScheduledBatch, inputs: dict, out, prompt_lp) -> ModelRunnerOutput:
-        token_ids = out.token_ids.tolist()  # the step's one sync
-        lp_ids = out.logprob_token_ids.tolist() if out.logprob_token_ids is not None else None
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
+
+@dataclass
+class StepInputs:
+    num_tokens: int
+    graph_size: int | None  # the captured decode graph that runs this step, if any
+    meta: AttentionMetadata
+    num_logits: int  # rows of logits: the sampled ones, then the prompt-logprob ones
+    rows: list[tuple[Sequence, int, int]]  # per sampled row: (sequence, sample index, output position)
+    width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)
+    starts: list[int]  # per scheduled sequence: tokens computed before this step
+    sampling: SamplingTensors
+    num_pending: int  # input tokens taken from the previous step's samples on the device
+    prompt_lp_k: int  # -1: no prompt logprobs this step
+
+
+class InflightStep:
+    """A step launched on the device. Its outputs are copied to pinned host memory behind the step's
+    kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
+
+    def __init__(self, batch: ScheduledBatch, inputs: StepInputs, out: SamplerOutput,
+                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.batch, self.inputs = batch, inputs
+        to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
+        self._host = [to_host(t) for t in (out.token_ids, out.logprob_token_ids, out.logprobs,
+                                            *(prompt_lp or (None, None)))]
+        self._done = None
+        if out.token_ids.is_cuda:
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    @property
+    def width(self) -> list[int]:
+        return self.inputs.width
+
+    def result(self) -> ModelRunnerOutput:
+        if self._done is not None:
+            self._done.synchronize()
+        token_ids, lp_ids, lps, prompt_ids, prompt_vals = (None if t is None else t.tolist() for t in self._host)
+        batch, inputs = self.batch, self.inputs
         sampled: list[list[int]] = [[] for _ in batch.seqs]
         logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
         index = {s.seq_id: i for i, s in enumerate(batch.seqs)}
-        for r, (s, _, _) in enumerate(inputs["rows"]):
+        for r, (s, _, _) in enumerate(inputs.rows):
             i = index[s.seq_id]
             sampled[i].append(token_ids[r])
             if lps is not None and s.params.logprobs is not None:
                 k = 1 + s.params.logprobs
                 logprobs[i].append(dict(zip(lp_ids[r][:k], lps[r][:k])))
         prompt_logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
-        if prompt_lp is not None:
-            ids, vals = prompt_lp[0].tolist(), prompt_lp[1].tolist()
+        if prompt_ids is not None:
             r = 0
             for i, s in enumerate(batch.seqs):
                 if s.request.needs_prompt_logprobs:
-                    start = int(s.num_computed_tokens)
+                    start = inputs.starts[i]
                     count = max(min(start + batch.num_tokens[i], s.num_prompt_tokens - 1) - start, 0)
                     k = 1 + s.params.prompt_logprobs
-                    prompt_logprobs[i] = [dict(zip(ids[r + j][:k], vals[r + j][:k])) for j in range(count)]
+                    prompt_logprobs[i] = [dict(zip(prompt_ids[r + j][:k], prompt_vals[r + j][:k]))
+                                          for j in range(count)]
                     r += count
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 

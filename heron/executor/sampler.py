@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from heron.engine.request import Sequence
@@ -93,16 +94,32 @@ class SamplingTensors:
     need_top_p: bool | None = None  # some sampled row has top_p < 1
 
     @classmethod
-    def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device) -> SamplingTensors:
-        """rows: (sequence, sample index, output position) for each token to sample."""
+    def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device,
+              staging: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor] | None = None) -> SamplingTensors:
+        """rows: (sequence, sample index, output position) for each token to sample. `staging`: the model
+        runner's host arrays float32 [3, S] and int64 [3, S] and their device twins; the six per-row
+        arrays are written there and the caller copies them (two copies a step). Without it they are
+        copied here. The rare penalty and bias tensors are always made here."""
         params = [s.params for s, _, _ in rows]
+        n = len(rows)
+        hf, hi, df, di = staging or (np.empty((3, n), np.float32), np.empty((3, n), np.int64), None, None)
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        hf[0, :n] = [p.temperature if not p.greedy else 0.0 for p in params]
+        hf[1, :n] = [p.top_p for p in params]
+        hf[2, :n] = [p.min_p for p in params]
+        hi[0, :n] = top_k
+        hi[1, :n] = [s.request.seed for s, _, _ in rows]
+        hi[2, :n] = [(pos << 20) | idx for _, idx, pos in rows]
+        if staging is None:
+            df, di = torch.from_numpy(hf).to(dev), torch.from_numpy(hi).to(dev)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        penalized = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
+        penalized = any(p.has_penalties for p in params)
         prompt_tokens = output_tokens = None
         if penalized:
             prompt_tokens = i64(_pad([s.token_ids[: s.num_prompt_tokens] for s, _, _ in rows], vocab))
+            # (without the tokens of a step in flight: only rows without penalties can have one, as
+            # LLMEngine reads a penalised row's token back before its next step)
             output_tokens = i64(_pad([s.output_token_ids for s, _, _ in rows], vocab))
         bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
         for r, (s, _, pos) in enumerate(rows):
@@ -112,12 +129,8 @@ class SamplingTensors:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
         bias_cols = list(zip(*bias)) if bias else None
         return cls(
-            temperature=f32([p.temperature if not p.greedy else 0.0 for p in params]),
-            top_p=f32([p.top_p for p in params]),
-            top_k=i64(top_k),
-            min_p=f32([p.min_p for p in params]),
-            seeds=i64([s.request.seed for s, _, _ in rows]),
-            counters=i64([(pos << 20) | idx for _, idx, pos in rows]),
+            temperature=df[0, :n], top_p=df[1, :n], min_p=df[2, :n],
+            top_k=di[0, :n], seeds=di[1, :n], counters=di[2, :n],
             presence_penalty=f32([p.presence_penalty for p in params]) if penalized else None,
             frequency_penalty=f32([p.frequency_penalty for p in params]) if penalized else None,
             repetition_penalty=f32([p.repetition_penalty for p in params]) if penalized else None,

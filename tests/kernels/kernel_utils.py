@@ -52,7 +52,7 @@ def make_batch(seq_lens: list[int], q_lens: list[int], block_size: int, device: 
         num_seqs=len(seq_lens), num_tokens=int(qsl[-1]), query_start_loc=qsl.to(device), seq_lens=sl.to(device),
         block_tables=tables.to(device), slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
         max_query_len=max(q_lens, default=0), max_seq_len=max(seq_lens, default=0),
-        query_start_loc_cpu=qsl, seq_lens_cpu=sl)
+        query_start_loc_cpu=qsl, seq_lens_cpu=sl, block_tables_cpu=tables)
     meta.num_blocks = num_blocks  # for the caller's cache size
     return meta
 

@@ -30,6 +30,12 @@ class AttentionMetadata:
     # the device: that would be a sync).
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
+    # Host copy of the block tables [B, max_blocks] int32 (the runner's pinned buffer), for backends that
+    # build their own page tables on the CPU (FlashInfer); only those need it.
+    block_tables_cpu: torch.Tensor | None = None
+    # A decode batch padded to a captured CUDA graph's batch size: run eagerly before the capture, captured,
+    # or about to be replayed. Backends that plan into fixed device buffers (FlashInfer) use the graph's.
+    cuda_graph: bool = False
 
 
 class AttentionBackend(ABC):
@@ -42,8 +48,11 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
 
-    def reserve(self, max_num_seqs: int, device: torch.device) -> None:
-        """Called once before any step: allocate per-step workspaces at their largest size."""
+    def reserve(self, max_num_seqs: int, device: torch.device, *, dtype: torch.dtype | None = None,
+                block_size: int | None = None, max_blocks_per_seq: int | None = None) -> None:
+        """Called once before any step: allocate per-step workspaces at their largest size. dtype (of q
+        and the cache), block_size and max_blocks_per_seq (the block tables' width) are for backends that
+        plan a step before its forward pass has shown them any tensor (FlashInfer); others ignore them."""
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""

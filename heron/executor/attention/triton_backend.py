@@ -55,7 +55,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.prepare(meta)
         return self._planned[1]
 
-    def reserve(self, max_num_seqs: int, device: torch.device) -> None:
+    def reserve(self, max_num_seqs: int, device: torch.device, **_: object) -> None:
         """Allocate the split-KV partials once, for the largest batch * partitions any step can ask for:
         a buffer reallocated later would leave captured graphs pointing at freed memory."""
         parts = lambda b: self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, device)
