@@ -33,9 +33,16 @@ class InputBuffers:
         """Copy the filled prefixes to the device (no-op on CPU, where both sides are one tensor)."""
         if self.device.type != "cuda":
             return
-        sizes = (num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs)
-        for (host, dev), n in zip(self._pairs, sizes):
+        for (host, dev), n in zip(self._pairs, self._filled(num_tokens, num_seqs)):
             dev[:n].copy_(host[:n], non_blocking=True)
+
+    def device_prefixes(self, num_tokens: int, num_seqs: int) -> list[torch.Tensor]:
+        """The filled part of each device array: what the other tensor-parallel ranks receive of a step."""
+        return [dev[:n] for (_, dev), n in zip(self._pairs, self._filled(num_tokens, num_seqs))]
+
+    @staticmethod
+    def _filled(num_tokens: int, num_seqs: int) -> tuple[int, ...]:
+        return num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs
 
     def pad_decode(self, num_seqs: int, padded: int) -> None:
         """Rows num_seqs..padded of a captured decode graph: no keys, no cache write, harmless ids."""
