@@ -86,10 +86,20 @@ class SchedulerConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1  # ranks (GPUs) each layer is split over; one process per rank
+
+    def verify(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"
     attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
@@ -98,3 +108,7 @@ class EngineConfig:
         self.model.verify()
         self.cache.verify()
         self.scheduler.verify()
+        self.parallel.verify()
+        if self.parallel.tensor_parallel_size > 1 and not isinstance(self.model.model, str | None):
+            # each rank loads its own slices of the checkpoint, so it needs where to find it
+            raise ValueError("tensor_parallel_size > 1 needs the model as a path or hub id, not tensors in hand.")

@@ -89,6 +89,7 @@ class AsyncLLM:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.shutdown()
 
     # -- the engine thread ----------------------------------------------------------------------------------
 

@@ -3,17 +3,20 @@ process the sampled tokens. `LLM` drives it in a loop; `AsyncLLM` drives it from
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
 
 from heron.config import EngineConfig, resolve_device
+from heron.distributed import get_tp_world_size
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
 from heron.engine.request import PENDING_TOKEN, Request, Sequence
 from heron.engine.scheduler import Scheduler
 from heron.executor.model_runner import InflightStep, ModelRunner
+from heron.executor.tp_worker import TPWorkers
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
@@ -40,6 +43,9 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         config.verify()
+        if get_tp_world_size() > 1:  # the layers would be built for that engine's ranks
+            raise RuntimeError("A tensor-parallel engine is running in this process: shut it down (LLM.shutdown()) "
+                               "before starting another engine.")
         self.config = config
         self.device = resolve_device(config.device)
         source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
@@ -58,15 +64,12 @@ class LLMEngine:
                                     ("temperature", "top_p", "top_k", "repetition_penalty")
                                     if k in source.generation_config}
 
-        self.runner = ModelRunner(config, source, self.model_cfg, self.device)
-        num_blocks = self.runner.num_blocks_for_budget()
+        # Tensor parallelism: this process is rank 0; the workers join it before any layer is built.
+        tp_size = config.parallel.tensor_parallel_size
+        self.tp_workers = TPWorkers(config, self.model_cfg, self.device) if tp_size > 1 else None
+        start = functools.partial(self._start_runner, source)
+        num_blocks, num_cpu_blocks = start() if self.tp_workers is None else self.tp_workers.run(start)
         bs = config.cache.block_size
-        if num_blocks * bs < self.max_model_len:
-            raise ValueError(f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
-                             f"({self.max_model_len}): lower max_model_len or give the cache more memory.")
-        num_cpu_blocks = int(config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
-        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
-        self.runner.capture_cuda_graphs()
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, num_cpu_blocks)
         self.scheduler = Scheduler(sched, self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
@@ -76,6 +79,29 @@ class LLMEngine:
         self.stats = EngineStats()
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping", num_blocks, bs,
                     num_blocks * self.runner.bytes_per_block / 2**30, num_cpu_blocks)
+
+    def _start_runner(self, source) -> tuple[int, int]:
+        """Build the model runner and its KV cache (on every rank, the same blocks); returns the number of
+        device blocks and of host blocks for swapping."""
+        self.runner = ModelRunner(self.config, source, self.model_cfg, self.device)
+        num_blocks = self.runner.num_blocks_for_budget()
+        if self.tp_workers is not None:
+            num_blocks = self.tp_workers.fewest_blocks(num_blocks, self.device)
+        bs = self.config.cache.block_size
+        if num_blocks * bs < self.max_model_len:
+            raise ValueError(f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
+                             f"({self.max_model_len}): lower max_model_len or give the cache more memory.")
+        num_cpu_blocks = int(self.config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
+        if self.tp_workers is not None:
+            self.tp_workers.start(self.runner, num_blocks, num_cpu_blocks)
+        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+        self.runner.capture_cuda_graphs()
+        return num_blocks, num_cpu_blocks
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (done at exit otherwise)."""
+        if self.tp_workers is not None:
+            self.tp_workers.shutdown()
 
     def _max_model_len(self, asked: int | None) -> int:
         limit = self.model_cfg.max_position_embeddings
@@ -163,7 +189,8 @@ class LLMEngine:
             for seq in batch.seqs:
                 if seq.request.metrics.first_scheduled_time is None:
                     seq.request.metrics.first_scheduled_time = now
-            launched = self.runner.execute(batch)
+            execute = self.runner.execute
+            launched = execute(batch) if self.tp_workers is None else self.tp_workers.run(execute, batch)
             self.scheduler.update(batch)
             self.stats.num_preemptions = self.scheduler.num_preemptions
             for seq, width in zip(batch.seqs, launched.width):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fcfs: first come, first served; priority: lowest `priority` first, then arrival")
     g.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flashinfer")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split each layer over this many GPUs (one process per GPU; gloo over CPU processes)")
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy: random weights in the shapes of the model's config.json (benchmarks)")
 
@@ -50,4 +52,5 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
                           swap_space=args.swap_space),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   policy=args.scheduling_policy),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
         device=args.device, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)

@@ -8,7 +8,7 @@ from collections.abc import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
 from heron.models.loader import ModelSource
 from heron.outputs import RequestOutput
@@ -25,7 +25,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, kv_cache_memory: int | None = None,
                  enable_prefix_caching: bool = True, swap_space: float = 0.0, seed: int = 0,
                  device: str = "auto", scheduling_policy: str = "fcfs", attention_backend: str = "auto",
-                 enforce_eager: bool = False, chat_template: str | None = None, load_format: str = "auto") -> None:
+                 enforce_eager: bool = False, chat_template: str | None = None, load_format: str = "auto",
+                 tensor_parallel_size: int = 1) -> None:
         config = EngineConfig(
             model=ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
                               seed=seed, chat_template=chat_template, load_format=load_format),
@@ -34,6 +35,7 @@ class LLM:
                               swap_space=swap_space),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       policy=scheduling_policy),
+            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             device=device, attention_backend=attention_backend, enforce_eager=enforce_eager)
         self._start(config)
 
@@ -47,6 +49,10 @@ class LLM:
     def _start(self, config: EngineConfig) -> None:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (done at exit otherwise)."""
+        self.engine.shutdown()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -34,6 +34,11 @@ def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> dict[str
     }
 
 
+def _batch_counts(num_tokens: int, num_seqs: int) -> dict[str, int]:
+    return dict(input_ids=num_tokens, positions=num_tokens, slot_mapping=num_tokens, query_start_loc=num_seqs + 1,
+                seq_lens=num_seqs, block_tables=num_seqs)
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device) -> None:
         self.device = device
@@ -69,8 +74,12 @@ class InputBuffers:
 
     def upload_batch(self, num_tokens: int, num_seqs: int) -> None:
         """The model's and attention's inputs for `num_tokens` tokens of `num_seqs` sequences."""
-        self.upload(input_ids=num_tokens, positions=num_tokens, slot_mapping=num_tokens,
-                    query_start_loc=num_seqs + 1, seq_lens=num_seqs, block_tables=num_seqs)
+        self.upload(**_batch_counts(num_tokens, num_seqs))
+
+    def device_prefixes(self, num_tokens: int, num_seqs: int) -> list[torch.Tensor]:
+        """The filled part of each device array of `upload_batch`: what the other tensor-parallel ranks
+        receive of a step."""
+        return [getattr(self.dev, name)[:n] for name, n in _batch_counts(num_tokens, num_seqs).items()]
 
     def pad_decode(self, num_seqs: int, padded: int) -> None:
         """Rows num_seqs..padded of a captured decode graph: no keys, no cache write, harmless ids."""

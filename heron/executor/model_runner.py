@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from heron.config import EngineConfig, resolve_dtype
+from heron.distributed import get_tp_world_size
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
 from heron.engine.request import PENDING_TOKEN, Sequence
@@ -24,6 +26,9 @@ from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
 from heron.models.registry import get_model_cls
 from heron.outputs import Logprobs
+
+if TYPE_CHECKING:
+    from heron.executor.step_broadcast import StepSender
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +50,10 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.model.dtype, device)
         self.model_cfg = model_cfg
         self.block_size = config.cache.block_size
+        # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
+        self.num_heads, self.num_kv_heads = model_cfg.heads_per_rank(get_tp_world_size())
         backend_cls = get_backend_cls(config.attention_backend, device.type)
-        self.backend = backend_cls(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim,
-                                   model_cfg.head_dim ** -0.5)
+        self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim ** -0.5)
         self.model = self._load_model(source)
         sched = config.scheduler
         max_blocks = -(-sched.max_model_len // self.block_size)
@@ -62,6 +68,7 @@ class ModelRunner:
         self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
         self._last_rows: dict[int, int] = {}  # seq_id -> its row in _last_sampled
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
+        self.step_sender: StepSender | None = None  # tensor parallelism, rank 0: hands each step to the others
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
         start = time.perf_counter()
@@ -92,7 +99,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         c = self.model_cfg
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.dtype.itemsize
 
     def num_blocks_for_budget(self) -> int:
         """How many blocks the KV budget holds: an explicit `kv_cache_memory`, else on CPU a fixed
@@ -151,7 +158,7 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         c = self.model_cfg
-        shape = (c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        shape = (c.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
         # Zeroed: attention reads padded, masked-out slots too and multiplies them by a zero weight, which
         # leaves a NaN or inf of uninitialised memory standing.
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -209,14 +216,10 @@ class ModelRunner:
         if inputs.num_pending:
             dst, src = b.dev.pending_dst[: inputs.num_pending], b.dev.pending_src[: inputs.num_pending]
             b.dev.input_ids.index_copy_(0, dst, self._last_sampled.index_select(0, src).long())
-        graph = self.graphs.get(inputs.graph_size)
-        if graph is not None:
-            graph[0].replay()
-            hidden = graph[1]
-        else:
-            n = inputs.num_tokens
-            hidden = self.model(b.dev.input_ids[:n], b.dev.positions[:n], inputs.meta)
-        logits = self.model.compute_logits(hidden[b.dev.logits_indices[: inputs.num_logits]])
+        logits_indices = b.dev.logits_indices[: inputs.num_logits]
+        if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
+            self.step_sender.send(batch, inputs.num_tokens, inputs.graph_size, inputs.meta, logits_indices)
+        logits = self.run_forward(inputs.num_tokens, inputs.graph_size, inputs.meta, logits_indices)
         num_sample = len(inputs.rows)
         out = self.sampler(logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
@@ -225,6 +228,20 @@ class ModelRunner:
             targets = b.dev.prompt_lp_targets[: inputs.num_logits - num_sample]
             prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), targets, inputs.prompt_lp_k)
         return InflightStep(batch, inputs, out, prompt_lp)
+
+    def run_forward(self, num_tokens: int, graph_size: int | None, meta: AttentionMetadata,
+                    logits_indices: torch.Tensor) -> torch.Tensor:
+        """The model over the uploaded inputs (the captured graph of `graph_size` rows, if any), then the
+        logits of the rows at `logits_indices`. Tensor-parallel workers run it too: its collectives (the
+        LM head's all-gather among them) need every rank."""
+        graph = self.graphs.get(graph_size)
+        if graph is not None:
+            graph[0].replay()
+            hidden = graph[1]
+        else:
+            d = self.buffers.dev
+            hidden = self.model(d.input_ids[:num_tokens], d.positions[:num_tokens], meta)
+        return self.model.compute_logits(hidden[logits_indices])
 
     def _move_blocks(self, batch: ScheduledBatch) -> None:
         """Swaps and copy-on-write copies, before any of this step's writes."""
