@@ -68,6 +68,11 @@ class BlockManager:
 
         A block table only ever grows in place; any other change gives the sequence a new list, so the
         model runner can copy just the new entries of a table it has seen before."""
+        bs, table = self.block_size, seq.block_table
+        if not cached and seq.num_computed_tokens + num_new_tokens <= len(table) * bs:  # no new block (decode)
+            at = seq.num_computed_tokens
+            if at % bs == 0 or self.ref_count[table[at // bs]] <= 1:
+                return []
         revived = sum(1 for b in cached if self.ref_count[b] == 0)
         computed = seq.num_computed_tokens + len(cached) * self.block_size
         needed = self.blocks_needed(computed + num_new_tokens) - len(seq.block_table) - len(cached)
@@ -94,8 +99,10 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
         """Name the blocks that the last step filled, so later sequences can reuse them."""
-        if not self.enable_prefix_caching:
-            return
+        bs = self.block_size
+        if not self.enable_prefix_caching or seq.num_computed_tokens // bs <= min(num_computed_before // bs,
+                                                                                 len(seq.block_hashes)):
+            return  # no block was filled (the common decode step)
         # A block computed earlier whose last token was still pending then is named now too.
         first = min(num_computed_before // self.block_size, len(seq.block_hashes))
         hashes = seq.update_block_hashes(self.block_size)

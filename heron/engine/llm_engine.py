@@ -72,7 +72,7 @@ class LLMEngine:
         bs = config.cache.block_size
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, num_cpu_blocks)
         self.scheduler = Scheduler(sched, self.block_manager)
-        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not read back yet
         self.rng = random.Random(config.model.seed)
@@ -143,7 +143,8 @@ class LLMEngine:
         if params.max_tokens is not None and params.max_tokens > room:
             raise ValueError(f"max_tokens ({params.max_tokens}) plus the prompt ({len(ids)} tokens) exceeds "
                              f"max_model_len ({self.max_model_len}).")
-        params = replace(params, eos_token_ids=self.eos_token_ids)
+        # max_tokens left out: up to the context (as in vLLM), so every request has a known length limit
+        params = replace(params, eos_token_ids=self.eos_token_ids, max_tokens=params.max_tokens or room)
         seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
         req = Request(request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority,
                       seed=seed)
@@ -193,15 +194,16 @@ class LLMEngine:
             launched = execute(batch) if self.tp_workers is None else self.tp_workers.run(execute, batch)
             self.scheduler.update(batch)
             self.stats.num_preemptions = self.scheduler.num_preemptions
+            read_back_now = False
             for seq, width in zip(batch.seqs, launched.width):
                 if width:
                     seq.token_ids.append(PENDING_TOKEN)
                     seq.num_pending += 1
+                    read_back_now = read_back_now or width > 1 or seq.request.penalized
         if self._inflight is not None:
             self._process(self._inflight, touched)
         self._inflight = launched
-        if launched is not None and any(w > 1 or (w and s.params.has_penalties)
-                                        for s, w in zip(batch.seqs, launched.width)):
+        if launched is not None and read_back_now:
             self._process(launched, touched)
             self._inflight = None
         return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)

@@ -6,29 +6,29 @@ from __future__ import annotations
 from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from heron.engine.request import Request, Sequence
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
-from heron.sampling_params import RequestOutputKind
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
 
     def append(self, seq: Sequence, index: int, token: int, logprobs: Logprobs | None) -> bool:
         """Write the token sampled for position `index` of `seq` over its placeholder; True when this
         token finishes the sequence (a placeholder after it, of a step already launched, is dropped)."""
-        p = seq.params
+        req = seq.request
+        p = req.params
         seq.token_ids[index] = token
         seq.num_pending -= 1
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
-        n_out = index + 1 - seq.num_prompt_tokens
+        n_out = index + 1 - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
         piece = ""
-        if self._detokenizes(seq) and not (stopped_by_token and not p.include_stop_str_in_output):
+        if self.tokenizer is not None and req.detokenizes_each_token and not (
+                stopped_by_token and not p.include_stop_str_in_output):
             detok = self._detok.get(seq.seq_id)
             if detok is None:
                 detok = self._detok[seq.seq_id] = IncrementalDetokenizer(
@@ -46,7 +46,7 @@ class OutputProcessor:
         elif hit and n_out >= p.min_tokens:
             seq.output_text, seq.stop_reason = hit
             seq.finish_reason = "stop"
-        elif (p.max_tokens is not None and n_out >= p.max_tokens) or index + 1 >= self.max_model_len:
+        elif index + 1 >= req.length_limit:
             seq.finish_reason = "length"
         if seq.finish_reason is None:
             return False
@@ -54,16 +54,10 @@ class OutputProcessor:
         seq.num_pending = 0
         return True
 
-    def _detokenizes(self, seq: Sequence) -> bool:
-        """Text token by token is needed for streaming and for stop strings; a request that only wants its
-        final output and has no stop strings is decoded once, when it finishes (see release)."""
-        p = seq.params
-        return self.tokenizer is not None and (p.output_kind is not RequestOutputKind.FINAL_ONLY or bool(p.stop))
-
     def release(self, seq: Sequence) -> None:
         """A finished sequence flushes any text held back for an incomplete character."""
         detok = self._detok.pop(seq.seq_id, None)
-        if detok is None and self.tokenizer is not None and not self._detokenizes(seq):
+        if detok is None and self.tokenizer is not None and not seq.request.detokenizes_each_token:
             # the same decoder as streaming, over all the output at once
             p = seq.params
             ids = seq.output_token_ids

@@ -7,6 +7,7 @@ from the same logits and the sequence forks into n, which share the prompt's KV 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import itertools
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heron.outputs import Logprobs, RequestMetrics
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import RequestOutputKind, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -73,11 +74,11 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
-    def reached_length_limit(self, max_model_len: int) -> bool:
-        """No token may follow: max_tokens are out, or the context is full (decided without knowing the
-        last token's value, so a pending token counts)."""
-        max_tokens = self.request.params.max_tokens
-        return (max_tokens is not None and self.num_output_tokens >= max_tokens) or len(self.token_ids) >= max_model_len
+    @property
+    def reached_length_limit(self) -> bool:
+        """No token may follow: max_tokens are out (decided without knowing the last token's value, so a
+        pending token counts). The engine sets max_tokens so that this also bounds the context."""
+        return len(self.token_ids) >= self.request.length_limit
 
     @property
     def is_finished(self) -> bool:
@@ -135,6 +136,41 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @functools.cached_property
+    def length_limit(self) -> int:
+        """Prompt plus max_tokens (the engine has checked that this fits in max_model_len)."""
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @functools.cached_property
+    def detokenizes_each_token(self) -> bool:
+        """Text token by token is needed for streaming and for stop strings; a request that only wants its
+        final output and has no stop strings is decoded once, when it finishes."""
+        return self.params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(self.params.stop)
+
+    @functools.cached_property
+    def sampling_floats(self) -> tuple[float, float, float]:
+        """(temperature, 0 when greedy; top_p; min_p): read by the sampler for every sampled row of every
+        step, so made once."""
+        p = self.params
+        return (0.0 if p.greedy else p.temperature, p.top_p, p.min_p)
+
+    @functools.cached_property
+    def sampling_ints(self) -> tuple[int, int, int]:
+        """(top_k, seed, logprobs or -1)."""
+        p = self.params
+        return (p.top_k, self.seed, -1 if p.logprobs is None else p.logprobs)
+
+    @functools.cached_property
+    def penalized(self) -> bool:
+        """Penalties read the output tokens on the host, so a step's tokens are read back before the next."""
+        return self.params.has_penalties
+
+    @functools.cached_property
+    def has_sampling_extras(self) -> bool:
+        """Penalties, logit_bias or min_tokens: the sampler's rarer inputs, built per row in Python."""
+        p = self.params
+        return p.has_penalties or bool(p.logit_bias) or p.min_tokens > 0
 
     @property
     def is_finished(self) -> bool:

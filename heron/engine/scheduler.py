@@ -41,6 +41,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # kept in rank order
         self.running: list[Sequence] = []  # admission order (fcfs) or rank order (priority)
         self.swapped: list[Sequence] = []
+        self.unforked: set[Sequence] = set()  # first sequences of n > 1 requests that have not forked yet
         self.num_preemptions = 0
 
     # -- ranking -------------------------------------------------------------------------------------
@@ -60,7 +61,15 @@ class Scheduler:
     # -- requests coming and going ---------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
+        if seq.params.n > 1:
+            self.unforked.add(seq)
         self._insert_waiting(seq)
+
+    def _free_seats(self) -> int:
+        """max_num_seqs less the running sequences' seats: one each, but all n for a request that has
+        not forked yet."""
+        held = sum(s.num_samples - 1 for s in self.unforked if s.status is SequenceStatus.RUNNING)
+        return self.config.max_num_seqs - len(self.running) - held
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -72,6 +81,7 @@ class Scheduler:
                 queue.remove(seq)
         self.bm.free_seq(seq)
         self.bm.free_swapped(seq)
+        self.unforked.discard(seq)
         seq.status = SequenceStatus.FINISHED
 
     # -- the step ------------------------------------------------------------------------------------------
@@ -88,7 +98,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.num_pending and seq.reached_length_limit(self.config.max_model_len):
+            if seq.num_pending and seq.reached_length_limit:
                 i += 1  # its last token is still being sampled and ends it (see LLMEngine.step)
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
@@ -108,7 +118,7 @@ class Scheduler:
         if batch.num_preempted > preempted_before:
             return batch  # no admissions in a step that ran out of blocks: they would be undone next step
         # A request that has not forked yet takes the seats of all its n samples up front.
-        seats = self.config.max_num_seqs - sum(s.num_samples for s in self.running)
+        seats = self._free_seats()
 
         # 2. Swapped-out sequences come back before new ones.
         while self.swapped and budget > 0 and seats >= self.swapped[0].num_samples:
@@ -166,7 +176,7 @@ class Scheduler:
             best, worst = self.waiting[0], max(self.running, key=self._rank)
             if self._rank(best) >= self._rank(worst):
                 return
-            seats = self.config.max_num_seqs - sum(s.num_samples for s in self.running)
+            seats = self._free_seats()
             need = self.bm.blocks_needed(min(best.num_uncomputed_tokens, self.config.max_num_batched_tokens))
             if seats >= best.num_samples and need <= self.bm.num_free_blocks:
                 return
@@ -184,6 +194,7 @@ class Scheduler:
     def fork(self, seq: Sequence) -> list[Sequence]:
         """Branch off the other n - 1 samples of a request whose prompt is done; they share its blocks."""
         children = []
+        self.unforked.discard(seq)
         for index in range(1, seq.params.n):
             child = seq.fork(index)
             self.bm.fork(seq, child)

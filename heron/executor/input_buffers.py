@@ -100,7 +100,9 @@ class BlockTables:
 
     def __init__(self, num_rows: int, max_blocks_per_seq: int) -> None:
         self.table = np.zeros((num_rows, max_blocks_per_seq), dtype=np.int32)
-        self.owner: list[tuple[int, list[int], int] | None] = [None] * num_rows  # (seq_id, table, blocks written)
+        self.seq_ids: list[int | None] = [None] * num_rows  # the sequence each row holds
+        self.lists: list[list[int] | None] = [None] * num_rows  # its block table as last seen
+        self.written = [0] * num_rows  # how many of its blocks the row holds
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.free = list(range(num_rows - 1, -1, -1))
 
@@ -113,24 +115,23 @@ class BlockTables:
         row = self.row_of.get(seq.seq_id)
         if row is None:
             row = self._new_row(seq.seq_id, batch)
-        _, table, written = self.owner[row]
-        if table is not seq.block_table:
-            written = 0
-        new = seq.block_table[written:]
-        if new:
-            self.table[row, written: written + len(new)] = new
-        self.owner[row] = (seq.seq_id, seq.block_table, len(seq.block_table))
+        blocks = seq.block_table
+        if self.lists[row] is not blocks:
+            self.lists[row], self.written[row] = blocks, 0
+        written = self.written[row]
+        if len(blocks) > written:
+            self.table[row, written: len(blocks)] = blocks[written:]
+            self.written[row] = len(blocks)
         return row
 
     def _new_row(self, seq_id: int, batch: list) -> int:
         if not self.free:  # rows of sequences outside this batch are taken back (finished or preempted)
             live = {s.seq_id for s in batch}
-            for row, owner in enumerate(self.owner):
-                if owner is not None and owner[0] not in live:
-                    del self.row_of[owner[0]]
-                    self.owner[row] = None
+            for row, owner in enumerate(self.seq_ids):
+                if owner is not None and owner not in live:
+                    del self.row_of[owner]
+                    self.seq_ids[row], self.lists[row] = None, None
                     self.free.append(row)
         row = self.free.pop()
-        self.row_of[seq_id] = row
-        self.owner[row] = (seq_id, [], 0)
+        self.row_of[seq_id], self.seq_ids[row] = row, seq_id
         return row

@@ -307,14 +307,19 @@ class ModelRunner:
         if graph_size is not None:
             b.pad_decode(num_seqs, graph_size)
 
-        rows, width, logits_indices = [], [0] * num_seqs, []  # rows: (seq, sample index, output position)
+        # The sampling rows: every sequence whose last known token is in this step samples one token, and
+        # a first draw of an n > 1 request samples n (it forks into n sequences afterwards).
+        num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int32, num_seqs)
+        lens = np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs)
+        samples = np.flatnonzero(seq_lens == lens)
+        width = np.zeros(num_seqs, dtype=np.int64)
+        width[samples] = 1
+        for i in samples[seq_lens[samples] == num_prompt[samples]].tolist():  # first draws
+            width[i] = seqs[i].num_samples
+        out_pos = (seq_lens - num_prompt).tolist()
+        rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
+        logits_indices = np.repeat(qsl[1:] - 1, width)
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
-        samples = np.flatnonzero(seq_lens == np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs))
-        for i in samples.tolist():
-            s = seqs[i]
-            width[i] = s.num_samples
-            logits_indices += [qsl[i + 1] - 1] * width[i]
-            rows += [(s, s.index + j, s.num_output_tokens) for j in range(width[i])]
         for i, s in enumerate(seqs):
             if s.request.needs_prompt_logprobs:
                 # logits at prompt position p score prompt token p + 1
@@ -324,7 +329,8 @@ class ModelRunner:
                 prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
         self._last_rows = {s.seq_id: r for r, (s, j, _) in enumerate(rows) if j == s.index}
         num_logits = len(logits_indices) + len(prompt_lp_indices)
-        h.logits_indices[:num_logits] = logits_indices + prompt_lp_indices
+        h.logits_indices[: len(logits_indices)] = logits_indices
+        h.logits_indices[len(logits_indices): num_logits] = prompt_lp_indices
         h.prompt_lp_targets[: len(prompt_lp_targets)] = prompt_lp_targets
         d = b.dev
         sampling = SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device,
@@ -336,7 +342,7 @@ class ModelRunner:
         meta = self._metadata(graph_size or num_seqs, graph_size or total, max_query_len, int(seq_lens.max()),
                               cuda_graph=graph_size is not None)
         return StepInputs(num_tokens=total, graph_size=graph_size, meta=meta, num_logits=num_logits, rows=rows,
-                          width=width, starts=starts.tolist(), sampling=sampling, num_pending=len(pending),
+                          width=width.tolist(), starts=starts.tolist(), sampling=sampling, num_pending=len(pending),
                           prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
 
 

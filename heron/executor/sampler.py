@@ -100,29 +100,33 @@ class SamplingTensors:
         runner's host arrays float32 [3, S] and int64 [3, S] and their device twins; the six per-row
         arrays are written there and the caller copies them (two copies a step). Without it they are
         copied here. The rare penalty and bias tensors are always made here."""
-        params = [s.params for s, _, _ in rows]
         n = len(rows)
         hf, hi, df, di = staging or (np.empty((3, n), np.float32), np.empty((3, n), np.int64), None, None)
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        hf[0, :n] = [p.temperature if not p.greedy else 0.0 for p in params]
-        hf[1, :n] = [p.top_p for p in params]
-        hf[2, :n] = [p.min_p for p in params]
+        reqs = [s.request for s, _, _ in rows]
+        hf[:, :n] = np.array([r.sampling_floats for r in reqs], dtype=np.float32).reshape(n, 3).T
+        ints = np.array([r.sampling_ints for r in reqs], dtype=np.int64).reshape(n, 3)
+        top_k = np.where((ints[:, 0] > 0) & (ints[:, 0] < vocab), ints[:, 0], vocab)
         hi[0, :n] = top_k
-        hi[1, :n] = [s.request.seed for s, _, _ in rows]
+        hi[1, :n] = ints[:, 1]
         hi[2, :n] = [(pos << 20) | idx for _, idx, pos in rows]
         if staging is None:
             df, di = torch.from_numpy(hf).to(dev), torch.from_numpy(hi).to(dev)
+        sampled = hf[0, :n] > 0  # rows that draw (the others are greedy)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
+        extras = [i for i, r in enumerate(reqs) if r.has_sampling_extras]
+        params = [reqs[i].params for i in extras]
         penalized = any(p.has_penalties for p in params)
         prompt_tokens = output_tokens = None
-        if penalized:
+        if penalized:  # every row gets penalty values (1 and 0 for the rows without)
+            params = [r.params for r in reqs]
             prompt_tokens = i64(_pad([s.token_ids[: s.num_prompt_tokens] for s, _, _ in rows], vocab))
-            # (without the tokens of a step in flight: only rows without penalties can have one, as
-            # LLMEngine reads a penalised row's token back before its next step)
+            # (the tokens of a step in flight are not in output_token_ids: LLMEngine reads a penalised
+            # row's token back before its next step, and other rows' counts do not matter)
             output_tokens = i64(_pad([s.output_token_ids for s, _, _ in rows], vocab))
         bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
-        for r, (s, _, pos) in enumerate(rows):
+        for r in extras:
+            s, _, pos = rows[r]
             p = s.params
             bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
             if pos < p.min_tokens:
@@ -139,11 +143,11 @@ class SamplingTensors:
             bias_rows=i64(bias_cols[0]) if bias else None,
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
-            all_greedy=all(p.greedy for p in params),
-            need_min_p=any(p.min_p > 0 for p in params),
-            max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
-            max_top_k=max((k for k, p in zip(top_k, params) if k < vocab and not p.greedy), default=0),
-            need_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
+            all_greedy=not sampled.any(),
+            need_min_p=bool((hf[2, :n] > 0).any()),
+            max_logprobs=int(ints[:, 2].max(initial=-1)),
+            max_top_k=int(top_k[sampled & (top_k < vocab)].max(initial=0)),
+            need_top_p=bool((sampled & (hf[1, :n] < 1.0)).any()),
         )
 
 
