@@ -24,7 +24,9 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name offline-qwen3-0.6b
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
-  prefill) echo "prefill benchmark: not written yet" ;;
+  prefill)  # issue 4: 8 x 2048 prompt tokens in the engine's default steps (8192 tokens), mfu >= 0.60
+    run prefill-llama heron bench latency --prefill --model /tmp/shapes/llama3.1-8b --load-format dummy \
+        --max-model-len 4096 --batch-size 8 --input-len 2048 --save-result --result-name prefill-llama3.1-8b ;;
   # Opt-in, with the FlashInfer wheels installed; FlashInfer JIT-compiles for minutes on a bare machine, so
   # each section restores and saves its built modules (benchmarks/flashinfer_cache.sh) and the build is
   # time-boxed to leave room for the save. Run them in separate device calls the first time.

@@ -6,6 +6,9 @@ metrics; output tokens/s = output tokens / the whole `generate` call (prefill in
 On CUDA the roofline of a decode step is measured in the same run: it must read every weight once
 (heron/bench/roofline.py says which), so it takes at least weight bytes / copy bandwidth, and
 roofline_fraction = that time / the measured decode ms per token.
+
+With --prefill: a batch of --batch-size prompts (default 8) of --input-len tokens (default 2048), one output
+token each, and its prefill tokens/s and mfu (heron/bench/prefill.py).
 """
 
 from __future__ import annotations
@@ -13,26 +16,48 @@ from __future__ import annotations
 import argparse
 import time
 
+from heron.bench import prefill
 from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
 from heron.bench.datasets import random_token_requests
 from heron.bench.report import finish, format_table
+from heron.config import SchedulerConfig
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
+    parser.set_defaults(max_num_seqs=None)  # --batch-size: 8 with --prefill, else the engine's default
     w = parser.add_argument_group("workload")
-    w.add_argument("--input-len", type=int, default=128)
-    w.add_argument("--output-len", type=int, default=256)
+    w.add_argument("--prefill", action="store_true",
+                   help="time a batch of --batch-size prompts with one output token each, and its mfu")
+    w.add_argument("--input-len", type=int, default=None, help="prompt tokens (default: 128; with --prefill 2048)")
+    w.add_argument("--output-len", type=int, default=None, help="output tokens (default: 256; not with --prefill)")
     w.add_argument("--num-iters", type=int, default=3)
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are uniform in [0, this]")
     parser.add_argument("--hf-baseline", action="store_true", help="also time transformers generate (batch 1)")
-    add_result_args(parser, "[cpu-]latency-<model>-bs1")
+    add_result_args(parser, "[cpu-]latency-<model>-bs1; with --prefill [cpu-]prefill-<model>")
 
 
 def main(args: argparse.Namespace) -> int:
-    run(args)
+    fill_workload_defaults(args)
+    (prefill.run if args.prefill else run)(args)
     return 0
+
+
+def fill_workload_defaults(args: argparse.Namespace) -> None:
+    """The flags left out take the mode's defaults: the prefill batch of issue 4 (8 x 2048) with
+    --prefill, else one request of 128 + 256 tokens on the engine's default --max-num-seqs."""
+    if args.prefill and (args.output_len is not None or args.hf_baseline):
+        raise ValueError("--prefill asks for one output token and has no transformers baseline: leave out "
+                         "--output-len and --hf-baseline.")
+    if args.num_iters < 1:
+        raise ValueError(f"--num-iters must be at least 1, got {args.num_iters}.")
+    if args.max_num_seqs is None:
+        args.max_num_seqs = 8 if args.prefill else SchedulerConfig.max_num_seqs
+    if args.input_len is None:
+        args.input_len = 2048 if args.prefill else 128
+    if args.output_len is None and not args.prefill:
+        args.output_len = 256
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -102,3 +102,14 @@ def workload_bound(cost: ModelCost, lengths: list[tuple[int, int]], batch_size: 
     flops = 2 * cost.layer_params * tokens + 2 * cost.lm_head_params * total_out + cost.attn_flops_per_pair * pairs
     t_mem, t_flop = bytes_moved / bandwidth, flops / flop_rate
     return WorkloadBound(max(t_mem, t_flop), "memory" if t_mem >= t_flop else "compute", bytes_moved, flops)
+
+
+def prefill_flops(cost: ModelCost, prompt_lens: list[int]) -> tuple[int, int]:
+    """(matmul FLOPs, attention FLOPs) of computing whole prompts and sampling one token after each.
+    Every prompt token goes through the layers' weights, but only a prompt's last token through the LM
+    head: the engine computes logits only where it samples, so counting the head per token would credit
+    it with work it never does. Attention's FLOPs (growing with the prompt's square) are returned apart, so
+    that a utilisation of the weights' matmuls can leave them out."""
+    matmul = 2 * cost.layer_params * sum(prompt_lens) + 2 * cost.lm_head_params * len(prompt_lens)
+    attention = cost.attn_flops_per_pair * sum(n * (n + 1) // 2 for n in prompt_lens)  # causal (query, key) pairs
+    return matmul, attention

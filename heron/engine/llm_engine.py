@@ -95,7 +95,7 @@ class LLMEngine:
         if self.tp_workers is not None:
             self.tp_workers.start(self.runner, num_blocks, num_cpu_blocks)
         self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
-        self.runner.capture_cuda_graphs()
+        self.runner.warm_up()
         return num_blocks, num_cpu_blocks
 
     def shutdown(self) -> None:

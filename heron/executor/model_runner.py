@@ -142,7 +142,8 @@ class ModelRunner:
         return int(budget)
 
     def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> AttentionMetadata:
-        """Prefill-shaped inputs for profiling: sequences of `lens` tokens, each in its own blocks."""
+        """Inputs for profiling and compiling: whole sequences of `lens` tokens (1: a decode row), each in
+        its own blocks."""
         b, h, n, num_seqs = self.buffers, self.buffers.np, sum(lens), len(lens)
         h.query_start_loc[: num_seqs + 1] = np.concatenate([[0], np.cumsum(lens)])
         h.seq_lens[:num_seqs] = lens
@@ -169,6 +170,38 @@ class ModelRunner:
                                             pin_memory=self.device.type == "cuda")
 
     # -- CUDA graphs -------------------------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """After the KV cache is allocated, before the first step (on every tensor-parallel rank alike:
+        both run collectives)."""
+        self.compile_kernels()
+        self.capture_cuda_graphs()
+
+    def compile_kernels(self) -> None:
+        """Run every kernel variant a step can pick once, so that Triton compiles them at start-up and not
+        inside the first steps that need them (a compile takes about a second): a mixed prefill + decode
+        step at batch sizes 2, 4, ..., max_num_seqs (the split-KV partition count, a compile-time constant
+        of the decode kernel, is a power of two chosen from the batch size), and the sampling kernel at as
+        many row counts (its split plan depends on them), with and without a logit threshold."""
+        if self.device.type != "cuda":
+            return
+        from heron.kernels.sampling import sample_tokens
+
+        start = time.perf_counter()
+        vocab = self.model_cfg.vocab_size
+        sizes = [2 ** k for k in range(1, self.max_num_seqs.bit_length())] + [self.max_num_seqs]
+        with torch.inference_mode():
+            for size in sorted(set(sizes)):
+                meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
+                d = self.buffers.dev
+                self.model(d.input_ids[: size + 1], d.positions[: size + 1], meta)
+                logits = torch.zeros(size, vocab, device=self.device)
+                temperature = torch.ones(size, device=self.device)
+                seeds = torch.zeros(size, dtype=torch.int64, device=self.device)
+                for thresholds in (None, temperature):
+                    sample_tokens(logits, temperature, thresholds, seeds, seeds)
+        torch.cuda.synchronize(self.device)
+        logger.info("compiled the kernels' variants in %.1f s", time.perf_counter() - start)
 
     def capture_cuda_graphs(self) -> None:
         """Capture the decode step's forward pass for batch sizes 1, 2, 4, 8, 16, 24, ... up to

@@ -100,7 +100,7 @@ def serve_steps(runner: ModelRunner, conn: Connection) -> None:
             return
         if kind is Msg.ALLOCATE:
             runner.allocate_kv_cache(fields[0], fields[1])
-            runner.capture_cuda_graphs()
+            runner.warm_up()
         else:
             _run_step(runner, fields, msg[HEADER_LEN:])
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, workload_bound
+from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, prefill_flops, workload_bound
 from heron.models.config import TransformerConfig
 
 CFG = TransformerConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=16, intermediate_size=32,
@@ -47,3 +47,11 @@ def test_workload_bound_matches_a_step_by_step_count():
 def test_machine_rates_are_positive():
     assert copy_bandwidth(torch.device("cpu"), nbytes=1 << 20, reps=1) > 0
     assert matmul_rate(torch.device("cpu"), torch.float32, n=64, reps=1) > 0
+
+
+def test_prefill_flops_count_the_lm_head_once_per_prompt():
+    cost = ModelCost(layer_params=1000, lm_head_params=100, decode_weight_bytes=0, kv_bytes_per_token=0,
+                     attn_flops_per_pair=7)
+    matmul, attention = prefill_flops(cost, [3, 5])
+    assert matmul == 2 * 1000 * 8 + 2 * 100 * 2
+    assert attention == 7 * (1 + 2 + 3 + 1 + 2 + 3 + 4 + 5)  # query i attends to keys 1..i

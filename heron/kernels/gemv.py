@@ -1,0 +1,215 @@
+"""y = x @ W^T (+ bias) for a decode batch: x [M, K] with M <= 16, W [N, K] (nn.Linear's layout).
+
+At decode the weight GEMMs are memory-bound (each weight byte is used by M <= 16 rows), and cuBLAS's
+small-M kernels read Qwen3-0.6B's matrices at 1.1-1.5 TB/s of the H200's ~4 TB/s. Here program (i, s) owns
+output rows [i * BLOCK_N, (i + 1) * BLOCK_N) and streams its [BLOCK_N, K] slab of W (its s-th K range under
+split-K) in [BLOCK_N, BLOCK_K] tiles, each multiplied by all M rows of x at once (x is tiny and stays in cache).
+Two inner products, picked per config:
+- `dot`: tl.dot(W tile, x^T tile) on tensor cores with the rows of x padded to 16 (tl.dot's minimum); W is the
+  left operand, so BLOCK_N >= 64 can use Hopper's wgmma. The loads feed the dot, so Triton's pipeliner keeps
+  `num_stages` tiles in flight through shared memory.
+- FMA (M == 1 only): a [BLOCK_N, BLOCK_K] float32 accumulator of w * x on the CUDA cores, summed over K once
+  at the end: the plain GEMV, no padding.
+Rows past N and x rows past M are clamped to the last valid one, so the loads need no masks (and stay
+vectorised); their results are never stored. Accumulation is float32; the output is rounded once to x's dtype.
+
+Split-K (a second grid dimension over K) serves matrices with few output rows for the SM count (N 1024 gives
+16 tiles of 64 rows for 132 SMs). Each split stores its float32 partial sums to a workspace, then bumps the
+tile's arrival counter (an acq_rel atomic after a CTA barrier, which publishes all of the CTA's stores); the
+split that arrives last sums the partials in split order, adds the bias, stores the output and resets the
+counter to zero for the next call. Chosen over the alternatives because:
+- one launch: a separate reduce kernel would add a launch and a drain/fill of the GPU per GEMM, as costly as
+  the whole GEMM for a 1-2 us matrix (cuBLAS's split-K reduce is what makes Qwen3-0.6B's down_proj 6.5 us);
+- deterministic: partials are summed in a fixed order, unlike float32 atomics into a zeroed buffer (which
+  would also need a zeroing and a casting kernel);
+- graph-capturable: the grid depends only on (M, N, K) and the config, nothing is read back to the host, and
+  the counters are left zeroed by every call. The workspace (partials + counters) is either passed in
+  (`make_workspace`) or one shared per device, grown only by an eager call (growth under capture is an error;
+  the model runner runs every batch size eagerly before capturing) and never freed: outgrown ones are kept,
+  since captured graphs still point at them. Calls sharing a workspace must not run concurrently (one stream).
+
+Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden per (M, N, K) by
+`CONFIGS` (for tuned shapes) or per call by `config=`; `python -m heron.kernels.bench --gemv --sweep` searches
+them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.rmsnorm import fix_bf16, round_to
+
+MAX_M = 16
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = True  # tensor-core tl.dot over x's rows padded to 16; False: CUDA-core FMA, M == 1 only
+
+
+# (M, N, K) -> config, consulted before `default_config` (fill from `bench --gemv --sweep` results).
+CONFIGS: dict[tuple[int, int, int], GemvConfig] = {}
+
+
+@triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_split, split_k,
+                 stride_xm, stride_wn, stride_om,
+                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+                 EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                 FIX_BF16: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, M_PAD)
+    kk = tl.arange(0, BLOCK_K)
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    w_ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + (k_lo + kk)[None, :]
+    x_rows = tl.minimum(m, M - 1) * stride_xm
+    if USE_DOT:
+        x_ptrs = x_ptr + x_rows[None, :] + (k_lo + kk)[:, None]  # x^T tile [BLOCK_K, M_PAD]
+        acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
+    else:
+        x_ptrs = x_ptr + k_lo + kk
+        acc_k = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            xt = tl.load(x_ptrs)
+        else:
+            k_ok = k0 + kk < K
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=k_ok[:, None] if USE_DOT else k_ok, other=0.0)
+        if USE_DOT:
+            if UPCAST:
+                w, xt = w.to(tl.float32), xt.to(tl.float32)
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+        else:
+            acc_k += w.to(tl.float32) * xt.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if not USE_DOT:
+        acc = tl.sum(acc_k, axis=1)[:, None]  # [BLOCK_N, 1]
+
+    m_ok = (m < M)[None, :]
+    if split_k > 1:
+        # Partials [tiles, split_k, M_PAD, BLOCK_N] float32; only the M real rows are written and read.
+        part_offs = m[None, :] * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+        tile_part = part_ptr + pid_n.to(tl.int64) * split_k * (M_PAD * BLOCK_N)
+        tl.store(tile_part + pid_k * (M_PAD * BLOCK_N) + part_offs, acc, mask=m_ok)
+        tl.debug_barrier()  # every thread's partials are issued before the release below
+        if tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") != split_k - 1:
+            return
+        acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
+        for s in range(split_k):  # in split order: the same sum whichever split arrived last
+            acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0,
+                           cache_modifier=".cg")
+        tl.store(count_ptr + pid_n, 0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
+    tl.store(out_ptr + m[None, :] * stride_om + n[:, None], round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
+             mask=m_ok & (n < N)[:, None])
+
+
+@functools.lru_cache(maxsize=None)
+def default_config(m: int, n: int, k: int, elem_size: int, sms: int) -> GemvConfig:
+    """The rule: M == 1 takes the FMA GEMV (16 rows x 1 KiB of K per tile), M > 1 the tensor-core one (64 rows
+    x 256 B); split-K doubles while there are fewer than two programs per SM and each split keeps >= 2 tiles."""
+    dot = m > 1
+    block_n, block_k = (64, 256 // elem_size) if dot else (16, 1024 // elem_size)
+    tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    split = 1
+    while tiles * split < 2 * sms and k_tiles >= 4 * split:
+        split *= 2
+    return GemvConfig(block_n, block_k, split, num_warps=4, num_stages=4 if dot else 3, dot=dot)
+
+
+def pick_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig:
+    return CONFIGS.get((m, n, k)) or default_config(m, n, k, dtype.itemsize, num_sms(device))
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `gemv` takes this product: CUDA, 1..16 rows of x (a row-strided 2-D view is fine), a
+    contiguous 2-D weight and bias of x's dtype (bf16, fp16 or fp32)."""
+    k = x.shape[-1] if x.dim() else 0
+    return (x.is_cuda and x.dtype in DTYPES and weight.dtype == x.dtype and weight.dim() == 2
+            and weight.shape[1] == k > 0 and weight.shape[0] > 0 and weight.is_contiguous()
+            and 1 <= x.numel() // k <= MAX_M and x.stride(-1) == 1 and (x.dim() == 2 or x.is_contiguous())
+            and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1] and bias.is_contiguous())))
+
+
+def make_workspace(partials: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split-K workspace: `partials` float32 partial sums (>= split_k * M_PAD * N rounded up to BLOCK_N) and
+    `tiles` zeroed int32 arrival counters (>= ceil(N / BLOCK_N))."""
+    return (torch.empty(partials, dtype=torch.float32, device=device),
+            torch.zeros(tiles, dtype=torch.int32, device=device))
+
+
+_shared: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_outgrown: list[tuple[torch.Tensor, torch.Tensor]] = []  # kept alive: captured graphs may still use them
+
+
+def _shared_workspace(partials: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    ws = _shared.get(device)
+    if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tiles:
+        return ws
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("gemv's split-K workspace would grow under CUDA-graph capture (its counters would be "
+                           "zeroed only by the graph): run the same shapes once eagerly before capturing")
+    if ws is not None:
+        _outgrown.append(ws)
+        partials, tiles = max(partials, ws[0].numel()), max(tiles, ws[1].numel())
+    _shared[device] = ws = make_workspace(partials, tiles, device)
+    return ws
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+         *, config: GemvConfig | None = None,
+         workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
+    [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
+    (`make_workspace`) replaces the shared split-K workspace. No host sync; the grid is fixed by the shapes."""
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    m = x2.shape[0]
+    assert 1 <= m <= MAX_M and x2.stride(-1) == 1 and weight.shape[1] == k and weight.is_contiguous()
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    assert out.shape == (*x.shape[:-1], n) and out.dtype == x.dtype and out.is_contiguous()
+    cfg = config or pick_config(m, n, k, x.dtype, x.device)
+    assert cfg.dot or m == 1, "the FMA path takes one row"
+    m_pad = 16 if cfg.dot else 1
+    tiles = triton.cdiv(n, cfg.block_n)
+    k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    part, count = x2, x2  # placeholders, unused without split-K
+    if cfg.split_k > 1:
+        need = tiles * cfg.split_k * m_pad * cfg.block_n
+        part, count = workspace or _shared_workspace(need, tiles, x.device)
+        assert part.numel() >= need and count.numel() >= tiles and part.dtype == torch.float32
+    _gemv_kernel[(tiles, cfg.split_k)](
+        x2, weight, bias if bias is not None else x2, out, part, count, m, n, k, k_split, cfg.split_k,
+        x2.stride(0), weight.stride(0), n,
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.dot, EVEN_K=k % cfg.block_k == 0,
+        HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: F.linear in float32, rounded to x's dtype."""
+    y = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return y.to(x.dtype)
