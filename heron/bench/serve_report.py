@@ -18,6 +18,8 @@ import collections
 import math
 from pathlib import Path
 
+from heron.bench.serve import api_url
+
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 METRIC_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
                 "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
@@ -187,7 +189,7 @@ def plot_sweep(runs: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     config = runs[0]["config"]
-    fig.suptitle(f"{config['model']} at {config['base_url']}{config['endpoint']}", fontsize=10)
+    fig.suptitle(f"{config['model']} at {api_url(config['base_url'], config['endpoint'])}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -221,7 +223,7 @@ def sweep_markdown(runs: list[dict], name: str, png_name: str) -> str:
     for r in runs:
         errors.update(r["errors"])
     lines = [f"# Serving sweep: {name}", "",
-             f"`{config['model']}` at {config['base_url']}{config['endpoint']}; {workload}.",
+             f"`{config['model']}` at {api_url(config['base_url'], config['endpoint'])}; {workload}.",
              f"{first['date']}, {first['gpu']}, commit {first['commit'][:12]}.", "",
              f"    {first['command']}", "", format_table(rows, tuple(headers)), "",
              f"![TTFT and TPOT percentiles against achieved throughput]({png_name})", ""]
