@@ -6,7 +6,7 @@ set -u
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT" /tmp/shapes
 python3 benchmarks/shapes.py /tmp/shapes
-SECTIONS=${*:-machine kernels correctness latency throughput prefill serve}
+SECTIONS=${*:-machine kernels gemv correctness latency throughput prefill serve}
 heron() { python3 -m heron.entrypoints.cli "$@"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }
@@ -14,6 +14,9 @@ for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.kernels.bench ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
+  gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
+    run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
+    run gemv-bench python3 -m heron.kernels.bench --gemv ;;
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
         --result-name latency-qwen3-0.6b-bs1
@@ -39,7 +42,7 @@ for s in $SECTIONS; do case $s in
     run flashinfer-tests timeout 480 python3 -m pytest -q -p no:cacheprovider \
         tests/executor/attention/test_flashinfer_backend.py
     fi_cache_save "$OUT" ;;
-  serve)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
+  serve|serve-no-sweep)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256
                                 --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
     run serve-offline heron bench throughput --model $M --load-format dummy --max-model-len 4096 \
@@ -53,8 +56,8 @@ for s in $SECTIONS; do case $s in
     run serve-inf heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate inf \
         --disable-tqdm --offline-result benchmarks/results/serve-qwen3-0.6b-offline.json \
         --label serve-qwen3-0.6b --save-result
-    run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate 8,32,inf \
-        --disable-tqdm --label serve-qwen3-0.6b --save-result
+    [ "$s" = serve ] && run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" \
+        --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result
     kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-server.log" ;;
 esac; done
 tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null

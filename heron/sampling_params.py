@@ -10,11 +10,13 @@ _SAMPLING_EPS = 1e-5
 
 
 class RequestOutputKind(enum.Enum):
-    """What the engine returns for a request each step: its cumulative output (streaming), or only
-    the final one (the offline `LLM`, which thereby skips per-step output objects and per-token
-    detokenization)."""
+    """What the engine returns for a request each step: its cumulative output; only what is new since
+    the last output (what the server's engine process sends, so a step's outputs cost the new tokens
+    only); or only the final output (the offline `LLM`, which thereby skips per-step output objects and
+    per-token detokenization)."""
 
     CUMULATIVE = 0
+    DELTA = 1
     FINAL_ONLY = 2
 
 

@@ -1,21 +1,28 @@
-"""An asyncio front for the engine, for the server: the engine steps in its own thread, so the event
-loop (HTTP, streaming) never waits on the GPU and the GPU never waits on HTTP.
+"""An asyncio front for the engine, for the server. The engine runs in its own process
+(heron/engine/engine_core.py), so the event loop (HTTP, JSON, streaming) and the engine's host work run
+on two cores instead of taking turns on one GIL; the event loop never waits on the GPU, and the GPU never
+waits on HTTP.
 
-Requests and aborts cross into the engine thread through a queue; outputs come back to each request's
-asyncio queue. Outputs are cumulative, so a slow reader skips straight to the newest one.
+Two threads of this process talk to the engine process: a writer (requests and aborts, so the event loop
+never blocks on a full pipe) and a reader (each step's new tokens). The reader hands a step's outputs to
+the event loop in one call; there each request's deltas are folded into its state and its asyncio queue is
+signalled; the request's reader then takes one cumulative snapshot however many steps arrived meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import multiprocessing
 import queue
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from heron.config import EngineConfig
-from heron.engine.llm_engine import EngineStats, LLMEngine
+from heron.engine.engine_core import OutputAccumulator, run_engine_core
+from heron.engine.llm_engine import EngineStats
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 
@@ -23,38 +30,52 @@ logger = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread failed; every request in flight gets this, and so does every later one."""
+    """The engine failed or its process exited; every request in flight gets this, and every later one."""
 
 
 class AsyncLLM:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._wake = threading.Event()
+    def __init__(self, config: EngineConfig) -> None:
+        """Start the engine process and wait until its model is loaded; a failure to load raises here."""
+        ctx = multiprocessing.get_context("spawn")
+        commands_child, self._commands = ctx.Pipe(duplex=False)  # (read end, write end)
+        self._events, events_child = ctx.Pipe(duplex=False)
         self._stopping = False
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Not a daemon: the engine process may start tensor-parallel workers of its own.
+        self._proc = ctx.Process(target=run_engine_core, args=(config, commands_child, events_child),
+                                 name="heron-engine")
+        self._proc.start()
+        commands_child.close()
+        events_child.close()
+        atexit.register(self.shutdown)
+        try:
+            kind, info = self._events.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the engine process exited while loading (exit code {self._proc.exitcode})") from None
+        if kind == "dead":
+            self._proc.join(30)
+            raise RuntimeError(f"the engine could not start: {info}")
+        self.model_name: str = info.model_name
+        self.max_model_len: int = info.max_model_len
+        self.tokenizer = info.tokenizer
+        self.generation_defaults: dict = info.generation_defaults
         self.dead: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="heron-engine", daemon=True)
-        self._thread.start()
+        self._stats = EngineStats()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, OutputAccumulator]] = {}
+        self._added: dict[str, Future] = {}
+        self._writer = threading.Thread(target=self._write, name="heron-engine-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="heron-engine-reader", daemon=True)
+        self._writer.start()
+        self._reader.start()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncLLM:
-        return cls(LLMEngine(config))
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
-    @property
-    def model_name(self) -> str:
-        return self.engine.model_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return cls(config)
 
     def get_stats(self) -> EngineStats:
-        return self.engine.get_stats()
+        """The engine's snapshot after its latest step."""
+        return self._stats
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
                        priority: int = 0, add_special_tokens: bool = True) -> AsyncIterator[RequestOutput]:
@@ -62,79 +83,100 @@ class AsyncLLM:
         the first output; leaving the iteration early (or being cancelled) aborts the request."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         added: Future = Future()
-        self._streams[request_id] = (loop, stream)
-        self._send(("add", request_id, prompt, params, priority, add_special_tokens, added))
+        self._streams[request_id] = (asyncio.get_running_loop(), stream, OutputAccumulator())
+        self._added[request_id] = added
+        self._outbox.put(("add", request_id, prompt, params, priority, add_special_tokens))
         try:
             await asyncio.wrap_future(added)  # raises the engine's ValueError, if any
+            acc = self._streams[request_id][2]
             while True:
-                out = await stream.get()
-                while not stream.empty():
-                    out = stream.get_nowait()
-                if isinstance(out, BaseException):
-                    raise EngineDeadError(f"the engine has stopped: {out!r}") from out
+                signal = await stream.get()  # new output arrived (True), or the engine died (the error)
+                while not stream.empty() and not isinstance(signal, BaseException):
+                    signal = stream.get_nowait()
+                if isinstance(signal, BaseException):
+                    raise EngineDeadError(f"the engine has stopped: {signal!r}") from signal
+                out = acc.snapshot()
                 yield out
                 if out.finished:
                     return
         finally:
             if self._streams.pop(request_id, None) is not None:
-                self._send(("abort", request_id))  # a no-op for a request that already finished
+                self.abort(request_id)  # a no-op for a request that already finished
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._outbox.put(("abort", request_id))
 
     def shutdown(self) -> None:
+        """Stop the engine process (it stops its tensor-parallel workers); idempotent."""
+        if self._stopping:
+            return
         self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=30)
-        self.engine.shutdown()
+        self._outbox.put(("shutdown",))
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self._outbox.put(None)
 
-    # -- the engine thread ----------------------------------------------------------------------------------
+    # -- the two threads -------------------------------------------------------------------------------------
 
-    def _send(self, cmd: tuple) -> None:
-        self._inbox.put(cmd)
-        self._wake.set()
+    def _write(self) -> None:
+        while (msg := self._outbox.get()) is not None:
+            try:
+                self._commands.send(msg)
+            except OSError:  # the engine process is gone; the reader reports it
+                return
 
-    def _run(self) -> None:
+    def _read(self) -> None:
         try:
-            while not self._stopping:
-                self._drain_inbox()
-                if self.engine.has_unfinished():
-                    for out in self.engine.step():
-                        self._deliver(out.request_id, out)
-                else:
-                    self._wake.wait()
-                    self._wake.clear()
+            while True:
+                msg = self._events.recv()
+                if msg[0] == "outputs":
+                    self._stats = msg[2]
+                    self._dispatch(msg[1])
+                elif msg[0] == "added":
+                    _, rid, error = msg
+                    added = self._added.pop(rid, None)
+                    if added is None:
+                        continue
+                    if error is None:
+                        added.set_result(None)
+                    else:
+                        added.set_exception(_rebuild(*error))
+                else:  # "dead"
+                    raise RuntimeError(msg[1])
         except BaseException as e:  # noqa: BLE001 - everything waiting must hear of it
-            logger.exception("engine step failed; the engine is stopping")
+            if self._stopping:
+                return
+            if isinstance(e, EOFError | OSError):
+                e = RuntimeError(f"the engine process exited (exit code {self._proc.exitcode})")
+            logger.error("the engine has stopped: %s", e)
             self.dead = e
-            for rid in list(self._streams):
-                self._deliver(rid, e)
-            while not self._inbox.empty():
-                cmd = self._inbox.get_nowait()
-                if cmd[0] == "add":
-                    cmd[-1].set_exception(EngineDeadError(f"the engine has stopped: {e!r}"))
+            for added in list(self._added.values()):
+                added.set_exception(EngineDeadError(f"the engine has stopped: {e!r}"))
+            self._added.clear()
+            for loop, stream, _ in list(self._streams.values()):
+                loop.call_soon_threadsafe(stream.put_nowait, e)
 
-    def _drain_inbox(self) -> None:
-        while not self._inbox.empty():
-            cmd = self._inbox.get_nowait()
-            if cmd[0] == "add":
-                _, rid, prompt, params, priority, add_special, added = cmd
-                if rid not in self._streams:  # the caller left before the engine saw the request
-                    added.cancel()
-                    continue
-                try:
-                    self.engine.add_request(rid, prompt, params, priority=priority, add_special_tokens=add_special)
-                    added.set_result(None)
-                except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
-                    added.set_exception(e)
-            else:
-                self.engine.abort(cmd[1])
+    def _dispatch(self, wires: list[tuple]) -> None:
+        """Hand one step's outputs to their event loops, one call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for wire in wires:
+            target = self._streams.get(wire[0])
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], target[2], wire))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, items)
 
-    def _deliver(self, request_id: str, item) -> None:
-        target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+def _deliver(items: list[tuple[asyncio.Queue, OutputAccumulator, tuple]]) -> None:
+    for stream, acc, wire in items:
+        acc.add(wire)
+        stream.put_nowait(True)
+
+
+def _rebuild(type_name: str, message: str) -> Exception:
+    """The engine's rejection of a request, as the caller expects it (ValueError: a bad request)."""
+    return ValueError(message) if type_name == "ValueError" else RuntimeError(f"{type_name}: {message}")

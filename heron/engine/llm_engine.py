@@ -1,5 +1,5 @@
 """The synchronous engine: add requests, step, read outputs. One step = schedule -> run the model ->
-process the sampled tokens. `LLM` drives it in a loop; `AsyncLLM` drives it from a thread."""
+process the sampled tokens. `LLM` drives it in a loop; the server's `AsyncLLM` drives it in its own process (engine_core.py)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from heron.engine.request import Request, Sequence
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.sampling_params import RequestOutputKind
 
 
 class OutputProcessor:
@@ -79,15 +80,28 @@ class OutputProcessor:
         return seq.output_text[: len(seq.output_text) - stop.holdback(seq.output_text)] if stop else seq.output_text
 
     def make_output(self, request: Request) -> RequestOutput:
-        outputs = [
-            CompletionOutput(
-                index=s.index, text=self.visible_text(s), token_ids=list(s.output_token_ids),
-                cumulative_logprob=s.cumulative_logprob if s.params.logprobs is not None else None,
-                logprobs=list(s.output_logprobs) if s.params.logprobs is not None else None,
-                finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-            for s in sorted(request.seqs, key=lambda s: s.index)
-        ]
+        """The request's output now: cumulative, or with RequestOutputKind.DELTA only the tokens, text and
+        logprobs added since its last output (prompt fields in the first only)."""
+        delta = request.params.output_kind is RequestOutputKind.DELTA
+        outputs = [self._completion(s, delta) for s in sorted(request.seqs, key=lambda s: s.index)]
+        first = not delta or not request.sent_prompt
+        request.sent_prompt = True
         return RequestOutput(
-            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
-            prompt_logprobs=request.prompt_logprobs, outputs=outputs, finished=request.is_finished,
-            metrics=request.metrics, num_cached_tokens=request.seqs[0].num_cached_tokens)
+            request_id=request.request_id, prompt=request.prompt if first else None,
+            prompt_token_ids=request.prompt_token_ids if first else [],
+            prompt_logprobs=request.prompt_logprobs if first else None,  # complete by the first output
+            outputs=outputs, finished=request.is_finished, metrics=request.metrics,
+            num_cached_tokens=request.seqs[0].num_cached_tokens)
+
+    def _completion(self, s: Sequence, delta: bool) -> CompletionOutput:
+        want_lps = s.params.logprobs is not None
+        start, text_start = (s.num_sent_tokens, s.num_sent_chars) if delta else (0, 0)
+        end = len(s.token_ids) - s.num_pending - s.num_prompt_tokens
+        text = self.visible_text(s)
+        s.num_sent_tokens, s.num_sent_chars = end, len(text)
+        p = s.num_prompt_tokens
+        return CompletionOutput(
+            index=s.index, text=text[text_start:], token_ids=s.token_ids[p + start: p + end],
+            cumulative_logprob=s.cumulative_logprob if want_lps else None,
+            logprobs=s.output_logprobs[start:end] if want_lps else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason)

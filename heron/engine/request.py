@@ -52,6 +52,8 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.output_text = ""
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
+        self.num_sent_tokens = 0  # output tokens and text characters already in RequestOutputKind.DELTA outputs
+        self.num_sent_chars = 0
 
     @property
     def params(self) -> SamplingParams:
@@ -125,6 +127,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[Logprobs | None] | None = None
     aborted: bool = False
+    sent_prompt: bool = False  # a RequestOutputKind.DELTA output carried the prompt fields already
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -180,21 +180,23 @@ class ModelRunner:
     def compile_kernels(self) -> None:
         """Run every kernel variant a step can pick once, so that Triton compiles them at start-up and not
         inside the first steps that need them (a compile takes about a second): a mixed prefill + decode
-        step at batch sizes 2, 4, ..., max_num_seqs (the split-KV partition count, a compile-time constant
-        of the decode kernel, is a power of two chosen from the batch size), and the sampling kernel at as
-        many row counts (its split plan depends on them), with and without a logit threshold."""
+        step and the LM head at batch sizes 1, 2, 4, ..., max_num_seqs (the split-KV partition count, a
+        compile-time constant of the decode kernel, is a power of two chosen from the batch size; the GEMV
+        has a one-row and a many-row kernel), and the sampling kernel at as many row counts (its split plan
+        depends on them), with and without a logit threshold."""
         if self.device.type != "cuda":
             return
         from heron.kernels.sampling import sample_tokens
 
         start = time.perf_counter()
         vocab = self.model_cfg.vocab_size
-        sizes = [2 ** k for k in range(1, self.max_num_seqs.bit_length())] + [self.max_num_seqs]
+        sizes = [2 ** k for k in range(self.max_num_seqs.bit_length())] + [self.max_num_seqs]
         with torch.inference_mode():
             for size in sorted(set(sizes)):
                 meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
                 d = self.buffers.dev
-                self.model(d.input_ids[: size + 1], d.positions[: size + 1], meta)
+                hidden = self.model(d.input_ids[: size + 1], d.positions[: size + 1], meta)
+                self.model.compute_logits(hidden[:size])  # the LM head at this many rows
                 logits = torch.zeros(size, vocab, device=self.device)
                 temperature = torch.ones(size, device=self.device)
                 seeds = torch.zeros(size, dtype=torch.int64, device=self.device)

@@ -6,12 +6,15 @@ output rows [i * BLOCK_N, (i + 1) * BLOCK_N) and streams its [BLOCK_N, K] slab o
 split-K) in [BLOCK_N, BLOCK_K] tiles, each multiplied by all M rows of x at once (x is tiny and stays in cache).
 Two inner products, picked per config:
 - `dot`: tl.dot(W tile, x^T tile) on tensor cores with the rows of x padded to 16 (tl.dot's minimum); W is the
-  left operand, so BLOCK_N >= 64 can use Hopper's wgmma. The loads feed the dot, so Triton's pipeliner keeps
-  `num_stages` tiles in flight through shared memory.
-- FMA (M == 1 only): a [BLOCK_N, BLOCK_K] float32 accumulator of w * x on the CUDA cores, summed over K once
-  at the end: the plain GEMV, no padding.
+  left operand, so BLOCK_N >= 64 uses Hopper's wgmma (smaller tiles mma.sync).
+- FMA (M == 1 only): the plain GEMV on the CUDA cores, each tile's w * x summed over its BLOCK_K columns into
+  BLOCK_N float32 sums; no padding.
+Either way the K loop is a `tl.range` with `num_stages`: Triton then streams W (and x) through shared memory
+with cp.async, `num_stages - 1` tiles ahead (the kernel-level option alone pipelines only loads feeding a dot;
+checked in the sm_90 PTX).
 Rows past N and x rows past M are clamped to the last valid one, so the loads need no masks (and stay
-vectorised); their results are never stored. Accumulation is float32; the output is rounded once to x's dtype.
+vectorised); their results are never stored. Accumulation is float32; the output is rounded once to x's dtype
+(the tests' reference: F.linear in float32).
 
 Split-K (a second grid dimension over K) serves matrices with few output rows for the SM count (N 1024 gives
 16 tiles of 64 rows for 132 SMs). Each split stores its float32 partial sums to a workspace, then bumps the
@@ -66,9 +69,9 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig] = {}
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_split, split_k,
                  stride_xm, stride_wn, stride_om,
-                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-                 EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                 FIX_BF16: tl.constexpr):
+                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr, FIX_BF16: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,8 +86,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_s
         acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
     else:
         x_ptrs = x_ptr + k_lo + kk
-        acc_k = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+        acc_k = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
             w = tl.load(w_ptrs)
             xt = tl.load(x_ptrs)
@@ -97,11 +100,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_s
                 w, xt = w.to(tl.float32), xt.to(tl.float32)
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
-            acc_k += w.to(tl.float32) * xt.to(tl.float32)[None, :]
+            acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if not USE_DOT:
-        acc = tl.sum(acc_k, axis=1)[:, None]  # [BLOCK_N, 1]
+        acc = acc_k[:, None]  # [BLOCK_N, 1]
 
     m_ok = (m < M)[None, :]
     if split_k > 1:
@@ -202,14 +205,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else x2, out, part, count, m, n, k, k_split, cfg.split_k,
         x2.stride(0), weight.stride(0), n,
-        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.dot, EVEN_K=k % cfg.block_k == 0,
-        HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
-
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: F.linear in float32, rounded to x's dtype."""
-    y = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    return y.to(x.dtype)

@@ -1,6 +1,7 @@
 """The building blocks every supported family shares. On CUDA tensors RMSNorm (with the residual add),
 the per-head q/k norm with RoPE, and silu_and_mul each run as one Triton kernel (heron/kernels/rmsnorm.py,
-rope.py, activation.py); elsewhere the PyTorch code here runs, which is also the kernels' reference."""
+rope.py, activation.py); elsewhere the PyTorch code here runs, which is also the kernels' reference.
+`linear` is every projection's matmul: a Triton GEMV at decode sizes on CUDA (heron/kernels/gemv.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except on CUDA with at most 16 rows (a decode batch), where the Triton GEMV reads the weight
+    at close to full bandwidth (cuBLAS's small-M kernels do not): the one place that choice is made."""
+    if x.is_cuda:
+        from heron.kernels.gemv import gemv, use_gemv
+
+        if use_gemv(x, weight, bias):
+            return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class RMSNorm(nn.Module):

@@ -8,7 +8,8 @@ the LM head alike (which is what lets them stay tied).
 
 Each layer's `weight_loader(param, loaded_weight, shard_id)` takes the full checkpoint tensor and
 copies this rank's slice, so loaders never know about ranks. At world size 1 every forward is the
-plain op of the layer it replaces (F.linear, F.embedding) with the same parameter names and shapes.
+plain op of the layer it replaces (F.linear, F.embedding) with the same parameter names and shapes; the
+matmuls go through `layers.linear` (F.linear, or the Triton GEMV for a decode batch on CUDA).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from heron.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
                                tensor_model_parallel_all_reduce)
+from heron.models.layers import linear
 
 
 def _divide(size: int, world_size: int, what: str) -> int:
@@ -55,7 +57,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
         """`loaded_weight`: the full matrix (or bias) of fused part `shard_id` (None: the only part)."""
@@ -81,8 +83,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+            return linear(x, self.weight, self.bias)
+        y = tensor_model_parallel_all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
@@ -125,7 +127,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     scores its vocabulary range, and every rank gets the full logits, padding sliced off."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits)[..., : self.num_embeddings]

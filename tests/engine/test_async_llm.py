@@ -1,37 +1,51 @@
-"""The asyncio front: streaming, errors before the first output, cancellation frees the request."""
+"""The asyncio front and the engine process behind it: streaming, errors before the first output,
+cancellation frees the request, the engine process's death fails requests instead of hanging them."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
-from heron.engine.async_llm import AsyncLLM
+from heron.config import CacheConfig, EngineConfig
+from heron.engine.async_llm import AsyncLLM, EngineDeadError
 from heron.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 
 
+def _start() -> AsyncLLM:
+    return AsyncLLM.from_config(EngineConfig(cache=CacheConfig(kv_cache_memory=512 << 20)))
+
+
 @pytest.fixture(scope="module")
-def async_llm(embedded_llm):
-    engine = AsyncLLM(embedded_llm.engine)
+def async_llm():
+    engine = _start()
     yield engine
     engine.shutdown()
 
 
 def test_streams_cumulative_outputs_to_the_same_result(async_llm, embedded_llm):
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    # The offline reference first: both fronts share one engine, and only one may drive it at a time.
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=1)
     offline = embedded_llm.generate("The weather today", params, use_tqdm=False)[0].outputs[0]
 
     async def run():
-        return [out async for out in async_llm.generate("The weather today", params, "s1")]
+        outs = []
+        async for out in async_llm.generate("The weather today", params, "s1"):
+            c = out.outputs[0]
+            outs.append((out.finished, c.text, list(c.token_ids), len(c.logprobs)))
+        return outs, out
 
-    outs = asyncio.run(run())
-    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
-    texts = [o.outputs[0].text for o in outs]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    assert outs[-1].outputs[0].token_ids == offline.token_ids and texts[-1] == offline.text
+    outs, last = asyncio.run(run())
+    assert outs[-1][0] and not any(o[0] for o in outs[:-1])
+    assert all(b[1].startswith(a[1]) and b[2][: len(a[2])] == a[2] for a, b in zip(outs, outs[1:]))
+    assert all(n == len(ids) for _, _, ids, n in outs)  # one logprobs entry per token at every point
+    c = last.outputs[0]
+    assert c.token_ids == offline.token_ids and c.text == offline.text
+    assert c.cumulative_logprob == pytest.approx(offline.cumulative_logprob, abs=1e-4)
+    assert last.prompt_token_ids and last.metrics.first_token_time <= last.metrics.finished_time
 
 
 def test_invalid_request_raises_before_any_output(async_llm):
@@ -44,18 +58,41 @@ def test_invalid_request_raises_before_any_output(async_llm):
 
 
 def test_leaving_early_aborts_and_frees_blocks(async_llm):
-    bm = async_llm.engine.block_manager
-
     async def run():
         async for out in async_llm.generate("Tell me a long story", SamplingParams(max_tokens=500, ignore_eos=True),
                                             "leaver"):
             if len(out.outputs[0].token_ids) >= 3:
                 break
-        for _ in range(100):  # the abort reaches the engine thread asynchronously
-            if not async_llm.engine.has_unfinished():
-                return
+        for _ in range(200):  # the abort and the stats after it cross the pipes asynchronously
+            s = async_llm.get_stats()
+            if s.finished.get("abort"):
+                return s
             await asyncio.sleep(0.02)
+        return async_llm.get_stats()
 
-    asyncio.run(run())
-    assert not async_llm.engine.has_unfinished()
-    assert bm.num_free_blocks == bm.num_blocks
+    s = asyncio.run(run())
+    assert s.num_running == 0 and s.kv_cache_usage == 0 and s.finished.get("abort") == 1
+
+
+def test_a_dead_engine_process_fails_requests_instead_of_hanging():
+    engine = _start()
+    try:
+        async def run():
+            gen = engine.generate("Count to a thousand:", SamplingParams(max_tokens=2000, ignore_eos=True), "d")
+            await gen.__anext__()
+            os.kill(engine._proc.pid, signal.SIGKILL)
+            async for _ in gen:
+                pass
+
+        with pytest.raises(EngineDeadError, match="exited"):
+            asyncio.run(asyncio.wait_for(run(), 60))
+        assert engine.dead is not None
+
+        async def later():
+            async for _ in engine.generate("hi", SamplingParams(max_tokens=2), "after"):
+                pass
+
+        with pytest.raises(EngineDeadError):
+            asyncio.run(later())
+    finally:
+        engine.shutdown()

@@ -119,7 +119,7 @@ class OpenAIServing:
         self.max_waiting_requests = max_waiting_requests
         self.log_requests = log_requests
         self.num_waiting = 0  # requests accepted here that have no output yet; bounded by --max-waiting-requests
-        self._generation_defaults = engine.engine.generation_defaults
+        self._generation_defaults = engine.generation_defaults
 
     def model_name(self, asked: str | None) -> str:
         """The name to report for a request; 404 for a model this server does not serve."""

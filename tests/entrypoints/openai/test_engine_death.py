@@ -1,4 +1,4 @@
-"""When the engine thread dies: a stream in flight ends with an error event and [DONE], a request waiting for
+"""When the engine dies: a stream in flight ends with an error event and [DONE], a request waiting for
 its answer gets 503, /health turns 503, and so do later requests. In-process (Starlette's TestClient) over a
 stand-in engine that dies on cue, since a real one cannot be made to fail on demand."""
 
@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from heron.config import EngineConfig
 from heron.engine.async_llm import EngineDeadError
 from heron.engine.llm_engine import EngineStats
 from heron.entrypoints.cli import build_parser
@@ -26,10 +24,10 @@ class DyingEngine:
     model_name = "dying"
     max_model_len = 64
     tokenizer = None
+    generation_defaults: dict = {}
 
     def __init__(self) -> None:
         self.dead: BaseException | None = None
-        self.engine = SimpleNamespace(generation_defaults={}, config=EngineConfig())
 
     def get_stats(self) -> EngineStats:
         return EngineStats()

@@ -1,0 +1,141 @@
+"""The decode GEMV against F.linear in float32. On CPU it runs under Triton's interpreter with small shapes
+(N, K not multiples of the blocks, both inner products, split-K with an empty last split); the `gpu` cases
+(model shapes, the default configs, `layers.linear`'s dispatch, CUDA-graph replay) run only on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernel_utils import pick_device, rel_err, skip_unless_runnable
+
+from heron.kernels.gemv import GemvConfig, _gemv_kernel, gemv, make_workspace, pick_config, use_gemv
+
+DEVICE = pick_device()
+ON_GPU = DEVICE.type == "cuda"
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+
+skip_unless_runnable(_gemv_kernel, DEVICE)
+
+# dtype -> (relative Frobenius error, max abs error relative to max |reference|): bf16 is one rounding of the
+# output (2^-9) plus float32 sums in another order.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (4e-3, 8e-3)}
+
+
+def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, bias: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=gen).to(DEVICE, dtype) if bias else None
+    return x, w, b
+
+
+def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, what: str) -> None:
+    ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    assert out.shape == ref.shape and out.dtype == x.dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output (an element left unwritten?)"
+    rel_tol, abs_tol = TOL[x.dtype]
+    err = rel_err(out, ref)
+    assert err < rel_tol, f"{what}: relative error {err:.3g} >= {rel_tol}"
+    max_abs = (out.float() - ref).abs().max().item()
+    assert max_abs <= abs_tol * ref.abs().max().item(), f"{what}: max abs error {max_abs:.3g}"
+
+
+# Small blocks so that N = 100, K = 200 leave partial tiles; split 3 of 4 K-tiles leaves the last split empty.
+CASES = [GemvConfig(32, 64), GemvConfig(32, 64, split_k=3), GemvConfig(16, 64, split_k=2, dot=False),
+         GemvConfig(16, 32, dot=False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,cfg", [(m, c) for m in (1, 3, 8, 16) for c in CASES if c.dot or m == 1],
+                         ids=lambda v: f"{'dot' if v.dot else 'fma'}-split{v.split_k}" if isinstance(v, GemvConfig)
+                         else f"m{v}")
+def test_gemv(dtype, m, cfg):
+    for bias in (False, True):
+        x, w, b = _inputs(m, 100, 200, dtype, seed=m * 10 + bias, bias=bias)
+        out = torch.full((m, 100), float("nan"), dtype=dtype, device=DEVICE)
+        _check(gemv(x, w, b, out, config=cfg), x, w, b, f"{cfg} bias={bias}")
+
+
+def test_split_k_counters_reset_and_sums_are_deterministic():
+    """The last split leaves the arrival counters at zero, so repeated calls with one workspace are equal."""
+    x, w, b = _inputs(5, 70, 256, torch.bfloat16, seed=3)
+    ws = make_workspace(partials=3 * 16 * 96, tiles=3, device=DEVICE)
+    cfg = GemvConfig(32, 64, split_k=3)
+    first = gemv(x, w, b, config=cfg, workspace=ws)
+    assert torch.count_nonzero(ws[1]) == 0
+    assert torch.equal(gemv(x, w, b, config=cfg, workspace=ws), first)
+    _check(first, x, w, b, "split-K with a passed workspace")
+
+
+def test_default_config_and_strided_rows():
+    """The default rule (odd N and K, unaligned K) on a row-strided x and 3-D x."""
+    for m, n, k in [(1, 45, 100), (7, 130, 72)]:
+        x, w, b = _inputs(m, n, k + 8, torch.float32, seed=n)
+        x, w = x[:, :k], w[:, :k].contiguous()
+        assert use_gemv(x, w, b) == ON_GPU
+        _check(gemv(x, w, b), x, w, b, f"default {pick_config(m, n, k, x.dtype, x.device)}")
+    x, w, _ = _inputs(6, 40, 64, torch.bfloat16, seed=1, bias=False)
+    _check(gemv(x.view(2, 3, 64), w).view(6, 40), x, w, None, "3-D x")
+
+
+def test_use_gemv_refuses_what_it_does_not_take():
+    x, w, b = _inputs(4, 32, 64, torch.bfloat16, seed=2)
+    if not ON_GPU:
+        assert not use_gemv(x, w, b)
+        return
+    assert use_gemv(x, w, b)
+    big = torch.zeros(17, 64, dtype=x.dtype, device=DEVICE)
+    assert not use_gemv(big, w)
+    assert not use_gemv(x, w.t().contiguous().t())  # not contiguous
+    assert not use_gemv(x.float(), w)  # dtype mismatch
+    assert not use_gemv(x[:, ::2], w[:, :32].contiguous())  # strided columns
+
+
+# -- GPU only ---------------------------------------------------------------------------------------------------
+
+SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024), (4096, 14336)]
+
+
+@gpu_only
+@pytest.mark.parametrize("m", [1, 2, 8, 16])
+def test_model_shapes_default_configs(m):
+    for n, k in SHAPES:
+        x, w, b = _inputs(m, n, k, torch.bfloat16, seed=n + k, bias=n == 4096)
+        _check(gemv(x, w, b), x, w, b, f"{m}x{n}x{k} {pick_config(m, n, k, x.dtype, x.device)}")
+
+
+@gpu_only
+def test_linear_dispatch():
+    from heron.models.layers import linear
+
+    x, w, b = _inputs(8, 1024, 2048, torch.bfloat16, seed=5)
+    _check(linear(x, w, b), x, w, b, "linear -> gemv")
+    xl = torch.randn(40, 2048, device=DEVICE, dtype=torch.bfloat16)
+    assert torch.equal(linear(xl, w, b), torch.nn.functional.linear(xl, w, b))
+
+
+@gpu_only
+def test_cuda_graph_replay():
+    """Capture split-K and plain GEMVs once, change x in place, replay: the same as eager calls."""
+    x, w, b = _inputs(4, 1024, 3072, torch.bfloat16, seed=9)
+    w2 = _inputs(4, 6144, 3072, torch.bfloat16, seed=10)[1]
+    split = GemvConfig(64, 128, split_k=8)
+
+    def step():
+        return gemv(x, w, b, config=split), gemv(x, w2)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(captured, step()):
+            assert torch.equal(got, want)
+    _check(captured[0], x, w, b, "replayed split-K")
