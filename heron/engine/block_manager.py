@@ -104,9 +104,9 @@ class BlockManager:
                                                                                  len(seq.block_hashes)):
             return  # no block was filled (the common decode step)
         # A block computed earlier whose last token was still pending then is named now too.
-        first = min(num_computed_before // self.block_size, len(seq.block_hashes))
-        hashes = seq.update_block_hashes(self.block_size)
-        end = min(seq.num_computed_tokens // self.block_size, len(hashes))
+        first = min(num_computed_before // bs, len(seq.block_hashes))
+        hashes = seq.update_block_hashes(bs)
+        end = min(seq.num_computed_tokens // bs, len(hashes))
         for i in range(first, end):
             block, h = seq.block_table[i], hashes[i]
             if self.block_hash[block] is None and h not in self.hash_to_block:

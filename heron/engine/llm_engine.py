@@ -1,5 +1,6 @@
 """The synchronous engine: add requests, step, read outputs. One step = schedule -> run the model ->
-process the sampled tokens. `LLM` drives it in a loop; the server's `AsyncLLM` drives it in its own process (engine_core.py)."""
+process the sampled tokens. `LLM` drives it in a loop; the server's `AsyncLLM` drives it in a process of
+its own (engine_core.py)."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ class LLMEngine:
         back at once."""
         touched: dict[str, Request] = {}
         batch = self.scheduler.schedule()
-        launched = None
+        launched, read_back_now = None, False
         if batch.seqs:
             now = time.time()
             for seq in batch.seqs:
@@ -194,7 +195,6 @@ class LLMEngine:
             launched = execute(batch) if self.tp_workers is None else self.tp_workers.run(execute, batch)
             self.scheduler.update(batch)
             self.stats.num_preemptions = self.scheduler.num_preemptions
-            read_back_now = False
             for seq, width in zip(batch.seqs, launched.width):
                 if width:
                     seq.token_ids.append(PENDING_TOKEN)
@@ -203,7 +203,7 @@ class LLMEngine:
         if self._inflight is not None:
             self._process(self._inflight, touched)
         self._inflight = launched
-        if launched is not None and read_back_now:
+        if read_back_now:
             self._process(launched, touched)
             self._inflight = None
         return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)

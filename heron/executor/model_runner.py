@@ -17,9 +17,9 @@ import torch
 
 from heron.config import EngineConfig, resolve_dtype
 from heron.distributed import get_tp_world_size
+from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
-from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.executor.input_buffers import BlockTables, InputBuffers
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
 from heron.models.config import TransformerConfig
