@@ -39,6 +39,7 @@ class AsyncLLM:
         ctx = multiprocessing.get_context("spawn")
         commands_child, self._commands = ctx.Pipe(duplex=False)  # (read end, write end)
         self._events, events_child = ctx.Pipe(duplex=False)
+        _widen(self._events)
         self._stopping = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         # Not a daemon: the engine process may start tensor-parallel workers of its own.
@@ -175,6 +176,18 @@ def _deliver(items: list[tuple[asyncio.Queue, OutputAccumulator, tuple]]) -> Non
     for stream, acc, wire in items:
         acc.add(wire)
         stream.put_nowait(True)
+
+
+def _widen(conn, size: int = 1 << 20) -> None:
+    """Let the engine run ahead of a busy event loop by some dozens of steps (a step's message is tens of
+    kilobytes at a large batch) before a full pipe stops it; the default 64 KiB holds about two. Linux only;
+    elsewhere the default stays."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(conn.fileno(), fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 def _rebuild(type_name: str, message: str) -> Exception:

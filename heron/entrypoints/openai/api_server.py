@@ -13,6 +13,7 @@ import hmac
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -297,6 +298,9 @@ def run_server(args: argparse.Namespace) -> int:
         logger.error("%s", e)
         return 2
     app = build_app(args, config)
+    # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
+    # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
+    sys.setswitchinterval(0.001)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
                                     log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=args.shutdown_timeout))
