@@ -126,6 +126,7 @@ class OutputAccumulator:
 
     def snapshot(self) -> RequestOutput:
         finished, cached, metrics = self.state
-        outputs = [replace(c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs))
+        outputs = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
+                                    None if c.logprobs is None else list(c.logprobs), c.finish_reason, c.stop_reason)
                    for _, c in sorted(self.completions.items())]
         return RequestOutput(*self.head, outputs, finished, RequestMetrics(*metrics), cached)

@@ -81,7 +81,12 @@ async def until_disconnected(raw: Request, work: Awaitable[T]) -> T:
 
 async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Interleave several streams as their items come, tagged with the stream's index; closing the merge
-    closes them all."""
+    closes them all. One stream (the usual request) is passed through: no task and no wait per item."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
     pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
     try:
         while pending:
