@@ -165,11 +165,6 @@ class Request:
         return (p.top_k, self.seed, -1 if p.logprobs is None else p.logprobs)
 
     @functools.cached_property
-    def penalized(self) -> bool:
-        """Penalties read the output tokens on the host, so a step's tokens are read back before the next."""
-        return self.params.has_penalties
-
-    @functools.cached_property
     def has_sampling_extras(self) -> bool:
         """Penalties, logit_bias or min_tokens: the sampler's rarer inputs, built per row in Python."""
         p = self.params
