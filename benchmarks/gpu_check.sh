@@ -17,6 +17,9 @@ for s in $SECTIONS; do case $s in
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
+  gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
+  prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
+  profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
         --result-name latency-qwen3-0.6b-bs1
@@ -27,6 +30,9 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name offline-qwen3-0.6b
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
+  throughput-hf)  # the 0.6B record with transformers generate on 32 of the requests (ratio_vs_hf >= 10)
+    run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
+        --save-result --result-name offline-qwen3-0.6b --max-model-len 4096 --hf-baseline --hf-num-prompts 32 ;;
   prefill)  # issue 4: 8 x 2048 prompt tokens in the engine's default steps (8192 tokens), mfu >= 0.60
     run prefill-llama heron bench latency --prefill --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --max-model-len 4096 --batch-size 8 --input-len 2048 --save-result --result-name prefill-llama3.1-8b ;;

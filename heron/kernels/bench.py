@@ -3,7 +3,8 @@
 Decode: B sequences of uniform random length in [min_len, max_len], H query / Hkv KV heads, head_dim D,
 block size 16, bf16, shuffled block tables. Reports the time per call (CUDA-graph replay, so launch overhead
 is excluded as in the engine's decode step) and the achieved bandwidth over the K/V bytes read. Prefill:
-long prompts, reports TFLOP/s of the causal attention (and torch SDPA on contiguous K/V for scale).
+whole prompts and chunks over cached prefixes, reports TFLOP/s of the causal attention (`--prefill-only`:
+just that, e.g. with --sweep).
 
 `python -m heron.kernels.bench --vs-flashinfer [--save-result]`: the recorded `kernels` benchmark, ours
 against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved as benchmarks/results/kernels.json.
@@ -92,39 +93,53 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
         print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
 
 
-def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, prompt=2048, num_seqs=4,
-                  sweep=False):
+def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, sweep=False, seed=1):
+    """The paged prefill kernel on two shapes: 4 whole 2048-token prompts (the prefill benchmark's steps) and
+    256 new tokens per sequence over 64 cached contexts of 1024-2048 tokens (the `kernels` benchmark's case).
+    Reports TFLOP/s of the causal attention; with `sweep`, every tile/warps/stages config and the five best."""
     import torch.nn.functional as F
 
     from heron.kernels.paged_prefill import paged_prefill_attention
 
     dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(1)
-    seq_lens = [prompt] * num_seqs
-    cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
-    qsl = torch.arange(0, (num_seqs + 1) * prompt, prompt, dtype=torch.int32, device=dev)
-    q = torch.randn(num_seqs * prompt, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
-    out = torch.empty_like(q)
+    gen = torch.Generator().manual_seed(seed)
     scale = head_dim ** -0.5
-    flops = 4 * num_seqs * num_heads * head_dim * prompt * prompt / 2  # causal: half the square
-    print(f"prefill {num_seqs} x {prompt} tokens H={num_heads} Hkv={num_kv_heads} D={head_dim}")
-    configs = [dict()]
-    if sweep:
-        configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s)
-                    for m, n, w, s in itertools.product([64, 128], [32, 64, 128], [4, 8], [1, 2, 3])]
-    for cfg in configs:
-        fn = lambda cfg=cfg: paged_prefill_attention(q, cache, tables, lens, qsl, prompt, scale, out=out,  # noqa
-                                                     **cfg)
-        try:
-            t = _time_graph(fn, iters=10)
-        except Exception as e:  # noqa: BLE001
-            print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
-            continue
-        print(f"  {cfg}: {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
-    qs = q.view(num_seqs, prompt, num_heads, head_dim).transpose(1, 2)
-    ks = torch.randn(num_seqs, num_kv_heads, prompt, head_dim, device=dev, dtype=torch.bfloat16)
-    t = _time_graph(lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True), iters=10)
-    print(f"  torch SDPA (contiguous K/V, for scale): {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
+    ctx = torch.randint(1024, 2049, (64,), generator=gen).tolist()
+    cases = [("4 x 2048-token prompts", [0] * 4, 2048), ("64 x 256 new tokens over 1024-2048 cached", ctx, 256)]
+    for label, prefix, q_len in cases:
+        seq_lens = [n + q_len for n in prefix]
+        b = len(seq_lens)
+        cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
+        qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32, device=dev)
+        q = torch.randn(b * q_len, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        keys = sum(q_len * n + q_len * (q_len + 1) // 2 for n in prefix)  # causal: query t sees n + t + 1 keys
+        flops = 4 * num_heads * head_dim * keys
+        print(f"prefill {label}: H={num_heads} Hkv={num_kv_heads} D={head_dim}")
+        configs = [dict()]
+        if sweep:
+            configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s)
+                        for m, n, w, s in itertools.product([64, 128, 256], [32, 64, 128], [4, 8], [2, 3])]
+        results = []
+        for cfg in configs:
+            fn = lambda cfg=cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale, out=out,  # noqa
+                                                         **cfg)
+            try:
+                t = _time_graph(fn, iters=10)
+            except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
+                print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
+                continue
+            results.append((t, cfg))
+            print(f"  {cfg}: {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
+        if sweep and results:
+            results.sort(key=lambda r: r[0])
+            print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
+        if not any(prefix):
+            qs = q.view(b, q_len, num_heads, head_dim).transpose(1, 2)
+            ks = torch.randn(b, num_kv_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
+            t = _time_graph(lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True),
+                            iters=10)
+            print(f"  torch SDPA (contiguous K/V, for scale): {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
 
 
 def _time_eager(fn, iters: int = 5) -> float:
@@ -455,6 +470,7 @@ def main() -> None:
                     help="with --vs-flashinfer: write benchmarks/results/kernels.json")
     ap.add_argument("--gemv", action="store_true",
                     help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
+    ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
     args = ap.parse_args()
     if args.gemv:
@@ -462,6 +478,9 @@ def main() -> None:
         return
     if args.vs_flashinfer:
         bench_vs_flashinfer(save=args.save_result, batch=args.batch)
+        return
+    if args.prefill_only:
+        bench_prefill(sweep=args.sweep)
         return
     bench_decode(batch=args.batch, sweep=args.sweep)
     bench_decode(batch=args.batch, head_dim=64, num_heads=32, num_kv_heads=8)
