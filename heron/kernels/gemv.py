@@ -31,8 +31,17 @@ counter to zero for the next call. Chosen over the alternatives because:
   the model runner runs every batch size eagerly before capturing) and never freed: outgrown ones are kept,
   since captured graphs still point at them. Calls sharing a workspace must not run concurrently (one stream).
 
-Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden per (M, N, K) by
-`CONFIGS` (for tuned shapes) or per call by `config=`; `python -m heron.kernels.bench --gemv --sweep` searches
+Prologues: the elementwise op that produces x can run inside the GEMV instead of a kernel of its own (at batch
+1 a small kernel costs as much as its launch, ~2 us with the gap after it, and a decoder layer had four):
+- `gemv_silu_mul`: x is the gate/up projection [M, 2K]; each tile of x is silu(gate) * up, computed on load.
+- `gemv_rms_norm`: x is RMSNorm(x + residual) * weight; each program first sums the squares of its rows
+  (all of K, from L2) for 1 / rms, then normalises each tile on load; program (0, 0) writes x + residual,
+  the new residual stream.
+Both round like their own kernels (heron/kernels/activation.py, rmsnorm.py), so the fused and unfused models
+agree up to the order of a float32 sum of squares.
+
+Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
+shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.kernels.bench --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
 """
 
@@ -62,16 +71,73 @@ class GemvConfig:
     dot: bool = True  # tensor-core tl.dot over x's rows padded to 16; False: CUDA-core FMA, M == 1 only
 
 
-# (M, N, K) -> config, consulted before `default_config` (fill from `bench --gemv --sweep` results).
-CONFIGS: dict[tuple[int, int, int], GemvConfig] = {}
+# (rows, N, K) -> config for 16-bit dtypes, consulted before `default_config`; rows is 1 (the FMA GEMV) or 16
+# (any 2..16 rows: the tensor-core GEMV pads them to 16, so its best config does not depend on M). From
+# `python -m heron.kernels.bench --gemv --sweep` on an H200 (2026-12-02, commit 17c28ae; us: swept / default).
+CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
+    (1, 1024, 2048): GemvConfig(8, 1024, 1, num_warps=4, num_stages=3, dot=False),  # 3.8 / 4.8
+    (1, 1024, 3072): GemvConfig(8, 1024, 1, num_warps=4, num_stages=3, dot=False),  # 4.5 / 5.2
+    (1, 6144, 1024): GemvConfig(8, 512, 1, num_warps=4, num_stages=2, dot=False),  # 5.5 / 6.1
+    (1, 4096, 4096): GemvConfig(16, 512, 1, num_warps=4, num_stages=4, dot=False),  # 10.8 / 11.7
+    (1, 4096, 14336): GemvConfig(16, 512, 1, num_warps=4, num_stages=4, dot=False),  # 30.1 / 31.4
+    (1, 28672, 4096): GemvConfig(32, 256, 1, num_warps=4, num_stages=2, dot=False),  # 56.9 / 59.3
+    (16, 1024, 2048): GemvConfig(32, 128, 4, num_warps=4, num_stages=4),  # 5.0 / 6.1
+    (16, 1024, 3072): GemvConfig(32, 128, 8, num_warps=4, num_stages=3),  # 5.4 / 6.1
+    (16, 4096, 1024): GemvConfig(32, 128, 1, num_warps=4, num_stages=4),  # 5.1 / 6.3
+    (16, 6144, 1024): GemvConfig(64, 256, 1, num_warps=4, num_stages=4),  # 5.6 / 8.8
+    (16, 4096, 4096): GemvConfig(64, 256, 2, num_warps=4, num_stages=3),  # 11.7 / 15.0
+    (16, 6144, 4096): GemvConfig(64, 256, 1, num_warps=4, num_stages=4),  # 15.1 / 18.4
+    (16, 4096, 14336): GemvConfig(64, 256, 2, num_warps=4, num_stages=4),  # 31.6 / 35.7
+    (16, 151936, 1024): GemvConfig(128, 128, 1, num_warps=4, num_stages=3),  # 75.9 / 80.6 (M 8)
+}
+
+
+@triton.jit
+def _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k, mask, rstd, K,
+                PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FIX_BF16: tl.constexpr):
+    """A tile of the GEMV's input at offsets x_offs (columns k), in x's dtype; see the module's Prologues."""
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 1:  # silu(gate) * up; up sits K columns after gate
+        gate = _load(x_ptr + x_offs, mask).to(tl.float32)
+        up = _load(x_ptr + x_offs + K, mask).to(tl.float32)
+        act = round_to(gate / (1.0 + tl.exp(-gate)), dtype, FIX_BF16).to(tl.float32)
+        x = round_to(act * up, dtype, FIX_BF16)
+    elif PROLOGUE == 2:  # weight * rmsnorm(x + residual)
+        h = _residual_sum(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL, FIX_BF16)
+        h = round_to(h * rstd, dtype, FIX_BF16).to(tl.float32)
+        x = round_to(h * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32), dtype, FIX_BF16)
+    else:
+        x = _load(x_ptr + x_offs, mask)
+    return x
+
+
+@triton.jit
+def _load(ptrs, mask):
+    """tl.load, unmasked (so vectorised) when mask is None: whole tiles."""
+    if mask is None:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _residual_sum(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr, FIX_BF16: tl.constexpr):
+    """x (+ residual, rounded to x's dtype as torch rounds it) in float32."""
+    h = _load(x_ptr + x_offs, mask).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = _load(res_ptr + r_offs, mask).to(tl.float32)
+        h = round_to(h + r, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
+    return h
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_split, split_k,
-                 stride_xm, stride_wn, stride_om,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr,
+                 M, N, K, k_split, split_k, stride_xm, stride_wn, stride_om, stride_rm, stride_rom, eps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
-                 PRECISION: tl.constexpr, FIX_BF16: tl.constexpr):
+                 PRECISION: tl.constexpr, FIX_BF16: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,21 +146,52 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_s
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     w_ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + (k_lo + kk)[None, :]
-    x_rows = tl.minimum(m, M - 1) * stride_xm
-    if USE_DOT:
-        x_ptrs = x_ptr + x_rows[None, :] + (k_lo + kk)[:, None]  # x^T tile [BLOCK_K, M_PAD]
+    m_row = tl.minimum(m, M - 1)
+    if USE_DOT:  # x^T tiles [BLOCK_K, M_PAD]
+        x_offs = m_row[None, :] * stride_xm + kk[:, None]
+        r_offs = m_row[None, :] * stride_rm + kk[:, None]
         acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
-    else:
-        x_ptrs = x_ptr + k_lo + kk
+    else:  # one row: tiles [BLOCK_K]
+        x_offs = kk
+        r_offs = kk
         acc_k = tl.zeros([BLOCK_N], tl.float32)
+
+    rstd = 0.0
+    if PROLOGUE == 2:  # 1 / rms of each row over all of K; program (0, 0) also stores x + residual
+        sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
+        writer = (pid_n == 0) & (pid_k == 0)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + kk
+            k_ok = k < K
+            if USE_DOT:  # rows past M repeat row M - 1 (as in the main loop), so their rstd is finite too
+                h = _residual_sum(x_ptr, res_ptr, x_offs + k0, r_offs + k0, k_ok[:, None], HAS_RESIDUAL, FIX_BF16)
+                sum_sq += tl.sum(h * h, axis=0)
+                if HAS_RESIDUAL:
+                    tl.store(res_out_ptr + m[None, :] * stride_rom + k[:, None], h.to(res_out_ptr.dtype.element_ty),
+                             mask=k_ok[:, None] & (m < M)[None, :] & writer)
+            else:
+                h = _residual_sum(x_ptr, res_ptr, x_offs + k0, r_offs + k0, k_ok, HAS_RESIDUAL, FIX_BF16)
+                sum_sq += h * h
+                if HAS_RESIDUAL:
+                    tl.store(res_out_ptr + k, h.to(res_out_ptr.dtype.element_ty), mask=k_ok & writer)
+        if USE_DOT:
+            rstd = tl.math.rsqrt(sum_sq / K + eps)[None, :]
+        else:
+            rstd = tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
+
+    x_offs += k_lo
+    r_offs += k_lo
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+        k = k0 + kk
         if EVEN_K:
             w = tl.load(w_ptrs)
-            xt = tl.load(x_ptrs)
+            xt = _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k[:, None] if USE_DOT else k, None, rstd, K,
+                             PROLOGUE, HAS_RESIDUAL, FIX_BF16)
         else:
-            k_ok = k0 + kk < K
+            k_ok = k < K
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-            xt = tl.load(x_ptrs, mask=k_ok[:, None] if USE_DOT else k_ok, other=0.0)
+            xt = _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k[:, None] if USE_DOT else k,
+                             k_ok[:, None] if USE_DOT else k_ok, rstd, K, PROLOGUE, HAS_RESIDUAL, FIX_BF16)
         if USE_DOT:
             if UPCAST:
                 w, xt = w.to(tl.float32), xt.to(tl.float32)
@@ -102,7 +199,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_s
         else:
             acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
         w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
+        x_offs += BLOCK_K
+        r_offs += BLOCK_K
     if not USE_DOT:
         acc = acc_k[:, None]  # [BLOCK_N, 1]
 
@@ -140,7 +238,8 @@ def default_config(m: int, n: int, k: int, elem_size: int, sms: int) -> GemvConf
 
 
 def pick_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig:
-    return CONFIGS.get((m, n, k)) or default_config(m, n, k, dtype.itemsize, num_sms(device))
+    tuned = CONFIGS.get((1 if m == 1 else MAX_M, n, k)) if dtype.itemsize == 2 else None
+    return tuned or default_config(m, n, k, dtype.itemsize, num_sms(device))
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -184,11 +283,43 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
     [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
     (`make_workspace`) replaces the shared split-K workspace. No host sync; the grid is fixed by the shapes."""
-    k = x.shape[-1]
+    return _launch(x, weight, bias, out, config, workspace)
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  config: GemvConfig | None = None) -> torch.Tensor:
+    """F.linear(silu(x[..., :K]) * x[..., K:], weight, bias): SwiGLU's activation and down projection in one
+    kernel; x [..., 2K] with <= 16 rows, weight [N, K]."""
+    return _launch(x, weight, bias, None, config, None, prologue=1)
+
+
+def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's RMSNorm (with the residual add) and the projection after it in one kernel:
+    h = x + residual (x when residual is None), returns (F.linear(norm_weight * rmsnorm(h), weight, bias), h).
+    x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype."""
+    assert norm_weight.shape == x.shape[-1:] and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
+    if residual is None:
+        return _launch(x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps)), x
+    assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+    residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = _launch(x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps),
+                residual=(residual, residual_out))
+    return y, residual_out
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+            config: GemvConfig | None, workspace: tuple[torch.Tensor, torch.Tensor] | None, prologue: int = 0,
+            norm: tuple[torch.Tensor, float] | None = None,
+            residual: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    k = weight.shape[1]
     n = weight.shape[0]
-    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    x_cols = 2 * k if prologue == 1 else k
+    assert x.shape[-1] == x_cols, f"x has {x.shape[-1]} columns, the weight takes {x_cols}"
+    x2 = x if x.dim() == 2 else x.reshape(-1, x_cols)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_M and x2.stride(-1) == 1 and weight.shape[1] == k and weight.is_contiguous()
+    assert 1 <= m <= MAX_M and x2.stride(-1) == 1 and weight.is_contiguous()
     if out is None:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     assert out.shape == (*x.shape[:-1], n) and out.dtype == x.dtype and out.is_contiguous()
@@ -202,12 +333,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         need = tiles * cfg.split_k * m_pad * cfg.block_n
         part, count = workspace or _shared_workspace(need, tiles, x.device)
         assert part.numel() >= need and count.numel() >= tiles and part.dtype == torch.float32
+    norm_weight, eps = norm if norm is not None else (x2, 0.0)
+    res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
     _gemv_kernel[(tiles, cfg.split_k)](
-        x2, weight, bias if bias is not None else x2, out, part, count, m, n, k, k_split, cfg.split_k,
-        x2.stride(0), weight.stride(0), n,
+        x2, weight, bias if bias is not None else x2, out, part, count, res, norm_weight, res_out,
+        m, n, k, k_split, cfg.split_k, x2.stride(0), weight.stride(0), n, res.stride(0), res_out.stride(0), eps,
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(), PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
-

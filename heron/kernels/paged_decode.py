@@ -8,11 +8,15 @@ Partition p covers tiles [p * tpp, (p + 1) * tpp) of the sequence's ceil(seq_len
 tpp = ceil(num_tiles / P) computed on the device from seq_lens: long and short sequences are both split
 P ways, and partitions past a short sequence's end return at once.
 
-Kernel 2, grid (B, H): combines the P partial results (normalised output, running max, running sum) with
-the usual log-sum-exp rescaling. With P == 1 kernel 1 writes the output itself and kernel 2 is skipped.
+With P > 1 the partitions of (b, h) combine their partial results (normalised output, running max, running
+sum; log-sum-exp rescaling) in the same launch: each stores its partials and bumps the pair's arrival counter
+(an acq_rel atomic after a CTA barrier, which publishes the CTA's stores), and the partition that arrives last
+sums them in partition order, stores the output and resets the counter to zero for the next call. Empty
+partitions arrive too. One launch instead of a second reduce kernel: at batch 1 that kernel cost as much as
+its launch and the gap after it (~2.5 us a layer); and the result is deterministic (a fixed order).
 
-Both grids depend only on (B, Hkv or H, P): nothing host-side that changes per step, so the step can be
-captured in a CUDA graph with P fixed for the captured batch size.
+The grid depends only on (B, Hkv, P): nothing host-side that changes per step, so the step can be captured in
+a CUDA graph with P fixed for the captured batch size; the counters are left zeroed by every call.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ from heron.kernels.common import check_cache, dot_upcast, num_sms
 
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-                         part_o_ptr, part_m_ptr, part_l_ptr, qk_scale,
+                         part_o_ptr, part_m_ptr, part_l_ptr, count_ptr, qk_scale,
                          stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                          stride_cblk, stride_coff, stride_ch,
-                         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr,
+                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
+                         G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
                          USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -50,9 +55,6 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     tiles_per_part = tl.cdiv(num_tiles, NUM_PARTS)
     t_begin = part * tiles_per_part
     t_end = tl.minimum(t_begin + tiles_per_part, num_tiles)
-    if NUM_PARTS > 1:
-        if t_begin >= t_end:
-            return
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, HEAD_DIM)
@@ -71,50 +73,41 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                                     seq_len, m_i, stride_cblk, stride_coff, qk_scale,
                                     HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST, PRECISION)
 
+    out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if NUM_PARTS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (a padded row): zeros
-        tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
     else:
-        # Partials are [B, H, P, (D)] float32; l_i >= 1 here (the partition is not empty).
-        idx = (b * NUM_HEADS + heads) * NUM_PARTS + part
-        tl.store(part_o_ptr + idx[:, None] * HEAD_DIM + d[None, :], acc / l_i[:, None], mask=g_ok[:, None])
-        tl.store(part_m_ptr + idx, m_i, mask=g_ok)
-        tl.store(part_l_ptr + idx, l_i, mask=g_ok)
-
-
-@triton.jit
-def _decode_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-                          stride_ot, stride_oh,
-                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                          NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, USE_QSL: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    if USE_QSL:
-        row = tl.load(qsl_ptr + b)
-        if tl.load(qsl_ptr + b + 1) - row != 1:
-            return
-    else:
-        row = b
-    row = row.to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + b)
-    # The same split as the main kernel: which partitions wrote something.
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_part = tl.maximum(tl.cdiv(num_tiles, NUM_PARTS), 1)
-    num_valid = tl.cdiv(num_tiles, tiles_per_part)
-    p = tl.arange(0, PARTS_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    p_ok = p < num_valid
-    idx = (b * NUM_HEADS + h) * NUM_PARTS + p
-    m = tl.load(part_m_ptr + idx, mask=p_ok, other=float("-inf"))
-    l = tl.load(part_l_ptr + idx, mask=p_ok, other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(num_valid > 0, m_max, 0.0)
-    w = tl.where(p_ok, l * tl.exp2(m - m_max), 0.0)
-    o = tl.load(part_o_ptr + idx[:, None] * HEAD_DIM + d[None, :], mask=p_ok[:, None], other=0.0)
-    denom = tl.sum(w, 0)
-    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
-    tl.store(out_ptr + row * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+        # Partials are [B, H, P, (D)] float32; l_i >= 1 in a partition that is not empty.
+        base = (b * NUM_HEADS + heads) * NUM_PARTS  # [G_PAD]: partition 0 of each head
+        wrote = g_ok & (t_begin < t_end)
+        tl.store(part_o_ptr + (base + part)[:, None] * HEAD_DIM + d[None, :], acc / l_i[:, None],
+                 mask=wrote[:, None])
+        tl.store(part_m_ptr + base + part, m_i, mask=wrote)
+        tl.store(part_l_ptr + base + part, l_i, mask=wrote)
+        tl.debug_barrier()  # every thread's partials are issued before the release below
+        count = count_ptr + b * NUM_KV_HEADS + kvh
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == NUM_PARTS - 1:
+            # The last to arrive: the partitions holding keys are the first ceil(num_tiles / tiles_per_part).
+            num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_part, 1))
+            p = tl.arange(0, PARTS_PAD)
+            m_all = tl.load(part_m_ptr + base[:, None] + p[None, :], mask=g_ok[:, None] & (p < num_valid)[None, :],
+                            other=float("-inf"), cache_modifier=".cg")
+            m_max = tl.max(m_all, 1)
+            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no keys (a padded row): zeros below
+            acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
+            denom = tl.zeros([G_PAD], tl.float32)
+            for s in range(0, num_valid):  # in partition order: the same sum whichever partition arrived last
+                m_s = tl.load(part_m_ptr + base + s, mask=g_ok, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(part_l_ptr + base + s, mask=g_ok, other=0.0, cache_modifier=".cg")
+                w = l_s * tl.exp2(m_s - m_max)
+                o_s = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=g_ok[:, None],
+                              other=0.0, cache_modifier=".cg")
+                acc += o_s * w[:, None]
+                denom += w
+            out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+            tl.store(count, 0)
 
 
 def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
@@ -129,20 +122,24 @@ def default_block_n(block_size: int) -> int:
     return max(64, block_size)
 
 
-def make_decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_partitions: int,
-                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 partials (out [B, H, P, D], max [B, H, P], sum [B, H, P]) for split-KV decode. Allocate once
-    (per batch size) and pass it in: a captured graph then keeps fixed addresses."""
+DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_decode_workspace(batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, num_partitions: int,
+                          device: torch.device) -> DecodeWorkspace:
+    """Split-KV decode's float32 partials (out [B, H, P, D], max [B, H, P], sum [B, H, P]) and zeroed int32
+    arrival counters [B, Hkv]. Allocate once (per batch size) and pass it in: a captured graph then keeps
+    fixed addresses."""
     part_o = torch.empty(batch_size, num_heads, num_partitions, head_dim, dtype=torch.float32, device=device)
     part_m = torch.empty(batch_size, num_heads, num_partitions, dtype=torch.float32, device=device)
     part_l = torch.empty(batch_size, num_heads, num_partitions, dtype=torch.float32, device=device)
-    return part_o, part_m, part_l
+    return part_o, part_m, part_l, torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
 
 
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                            num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
-                           workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                           workspace: DecodeWorkspace | None = None,
                            block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """Decode attention over the paged cache.
 
@@ -150,8 +147,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     q [T, H, D] of a mixed batch: sequence b's row is query_start_loc[b] and sequences whose query length is
     not 1 are skipped (their output rows are left untouched). kv_cache [2, num_blocks, block_size, Hkv, D];
     block_tables [B, max_blocks] int32; seq_lens [B] int32 (keys per sequence, the query's own included;
-    0 gives zeros). Returns `out` (allocated like q if None). No host-device sync; the grids are
-    (B, Hkv, P) and (B, H).
+    0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). Returns `out`
+    (allocated like q if None). No host-device sync; the grid is (B, Hkv, P).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -173,27 +170,24 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     block_n = block_n or default_block_n(block_size)
     if num_partitions > 1:
         if workspace is None:
-            workspace = make_decode_workspace(batch, num_heads, head_dim, num_partitions, q.device)
-        part_o, part_m, part_l = workspace
+            workspace = make_decode_workspace(batch, num_heads, num_kv_heads, head_dim, num_partitions, q.device)
+        part_o, part_m, part_l, counts = workspace
         assert part_o.shape[0] >= batch and part_o.shape[1:] == (num_heads, num_partitions, head_dim)
         assert part_o.is_contiguous() and part_m.is_contiguous() and part_l.is_contiguous()
+        assert counts.dtype == torch.int32 and counts.numel() >= batch * num_kv_heads and counts.is_contiguous()
     else:
-        part_o = part_m = part_l = out  # unused
+        part_o = part_m = part_l = counts = out  # unused
     use_qsl = query_start_loc is not None
     qsl = query_start_loc if use_qsl else seq_lens  # a placeholder pointer when unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _paged_decode_kernel[(batch, num_kv_heads, num_partitions)](
-        q, k_cache, v_cache, block_tables, seq_lens, qsl, out, part_o, part_m, part_l, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, qsl, out, part_o, part_m, part_l, counts, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        NUM_HEADS=num_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions, USE_QSL=use_qsl,
-        UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages)
-    if num_partitions > 1:
-        _decode_reduce_kernel[(batch, num_heads)](
-            part_o, part_m, part_l, seq_lens, qsl, out, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_PARTS=num_partitions,
-            PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, num_warps=4)
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
+        PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
+        PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages)
     return out
 
 

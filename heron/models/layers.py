@@ -1,7 +1,8 @@
 """The building blocks every supported family shares. On CUDA tensors RMSNorm (with the residual add),
 the per-head q/k norm with RoPE, and silu_and_mul each run as one Triton kernel (heron/kernels/rmsnorm.py,
 rope.py, activation.py); elsewhere the PyTorch code here runs, which is also the kernels' reference.
-`linear` is every projection's matmul: a Triton GEMV at decode sizes on CUDA (heron/kernels/gemv.py)."""
+`linear` is every projection's matmul: a Triton GEMV at decode sizes on CUDA (heron/kernels/gemv.py), which
+also takes in the op before it (`norm_linear`, `swiglu_linear`), so a decode step launches fewer kernels."""
 
 from __future__ import annotations
 
@@ -21,6 +22,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if use_gemv(x, weight, bias):
             return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def norm_linear(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's entry: (linear(norm(x + residual)), x + residual); without a residual (the first
+    layer) x itself is the residual. At decode sizes on CUDA, one GEMV kernel does both."""
+    if x.is_cuda:
+        from heron.kernels.gemv import gemv_rms_norm, use_gemv
+
+        fits = use_gemv(x, weight, bias) and norm.weight.dtype == x.dtype
+        if fits and (residual is None or residual.stride(-1) == 1):
+            return gemv_rms_norm(x, residual, norm.weight, norm.eps, weight, bias)
+    normed, residual = (norm(x), x) if residual is None else norm(x, residual)
+    return linear(normed, weight, bias), residual
+
+
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode
+    sizes on CUDA."""
+    if gate_up.is_cuda:
+        from heron.kernels.gemv import gemv_silu_mul, use_gemv
+
+        if use_gemv(gate_up[..., : weight.shape[1]], weight, bias):
+            return gemv_silu_mul(gate_up, weight, bias)
+    return linear(silu_and_mul(gate_up), weight, bias)
 
 
 class RMSNorm(nn.Module):

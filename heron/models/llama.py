@@ -18,7 +18,7 @@ from torch import nn
 from heron.distributed import get_tp_world_size
 from heron.executor.attention import AttentionBackend, AttentionMetadata
 from heron.models.config import TransformerConfig
-from heron.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from heron.models.layers import RMSNorm, RotaryEmbedding, norm_linear
 from heron.models.parallel_linear import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                           VocabParallelEmbedding, default_weight_loader)
 
@@ -39,8 +39,9 @@ class Attention(nn.Module):
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner once allocated
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """qkv: qkv_proj's output (the decoder layer runs the projection, fused with the norm before it)."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -55,8 +56,9 @@ class MLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: gate_up_proj's output (run by the decoder layer, fused with the norm before it)."""
+        return self.down_proj(gate_up, swiglu=True)
 
 
 class DecoderLayer(nn.Module):
@@ -68,10 +70,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, positions, x, residual, meta):
-        x, residual = self.input_layernorm(x, residual) if residual is not None else (self.input_layernorm(x), x)
-        x = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        # Each norm (with the residual add) and the projection after it are one kernel at decode sizes.
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = norm_linear(self.input_layernorm, x, residual, attn.qkv_proj.weight, attn.qkv_proj.bias)
+        x = attn(positions, qkv, meta)
+        gate_up, residual = norm_linear(self.post_attention_layernorm, x, residual, mlp.gate_up_proj.weight,
+                                        mlp.gate_up_proj.bias)
+        return mlp(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 
 from heron.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
                                tensor_model_parallel_all_reduce)
-from heron.models.layers import linear
+from heron.models.layers import linear, swiglu_linear
 
 
 def _divide(size: int, world_size: int, what: str) -> int:
@@ -81,10 +81,13 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """swiglu: x is this rank's [gate | up] of a gate/up projection, and silu(gate) * up is the input
+        (taken inside the matmul at decode sizes: `swiglu_linear`)."""
+        matmul = swiglu_linear if swiglu else linear
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias)
-        y = tensor_model_parallel_all_reduce(linear(x, self.weight))
+            return matmul(x, self.weight, self.bias)
+        y = tensor_model_parallel_all_reduce(matmul(x, self.weight))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:

@@ -11,7 +11,9 @@ triton = pytest.importorskip("triton")
 
 from kernel_utils import pick_device, rel_err, skip_unless_runnable
 
-from heron.kernels.gemv import GemvConfig, _gemv_kernel, gemv, make_workspace, pick_config, use_gemv
+from heron.kernels.gemv import (GemvConfig, _gemv_kernel, gemv, gemv_rms_norm, gemv_silu_mul, make_workspace,
+                                pick_config, use_gemv)
+from heron.models.layers import rms_norm_torch, silu_and_mul_torch
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -92,6 +94,40 @@ def test_use_gemv_refuses_what_it_does_not_take():
     assert not use_gemv(x, w.t().contiguous().t())  # not contiguous
     assert not use_gemv(x.float(), w)  # dtype mismatch
     assert not use_gemv(x[:, ::2], w[:, :32].contiguous())  # strided columns
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,cfg", [(1, GemvConfig(16, 64, split_k=2, dot=False)), (1, GemvConfig(32, 64)),
+                                   (5, GemvConfig(32, 64, split_k=3)), (16, GemvConfig(16, 32))],
+                         ids=["fma-split2", "dot-m1", "dot-split3", "dot-m16"])
+def test_silu_mul_prologue(dtype, m, cfg):
+    """silu(gate) * up taken on load equals the activation kernel's reference then the GEMV."""
+    gen = torch.Generator().manual_seed(m)
+    gate_up = torch.randn(m, 2 * 200, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(100, 200, generator=gen) / 200 ** 0.5).to(DEVICE, dtype)
+    act = silu_and_mul_torch(gate_up)  # rounded to dtype, as the prologue rounds it
+    _check(gemv_silu_mul(gate_up, w, config=cfg), act, w, None, f"silu_mul {cfg}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,cfg", [(1, GemvConfig(16, 64, split_k=2, dot=False)), (1, GemvConfig(16, 32, dot=False)),
+                                   (3, GemvConfig(32, 64, split_k=3)), (16, GemvConfig(16, 32))],
+                         ids=["fma-split2", "fma", "dot-split3", "dot-m16"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_prologue(dtype, m, cfg, with_residual):
+    """RMSNorm (after the residual add) taken on load: the projection of the reference's normalised rows, and
+    the new residual equal to x + residual exactly."""
+    gen = torch.Generator().manual_seed(m + 7 * with_residual)
+    x = torch.randn(m, 200, generator=gen).to(DEVICE, dtype)
+    residual = torch.randn(m, 200, generator=gen).to(DEVICE, dtype) if with_residual else None
+    norm_w = (1 + 0.1 * torch.randn(200, generator=gen)).to(DEVICE, dtype)
+    w = (torch.randn(100, 200, generator=gen) / 200 ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(100, generator=gen).to(DEVICE, dtype)
+    y, new_residual = gemv_rms_norm(x, residual, norm_w, 1e-6, w, b, config=cfg)
+    ref = rms_norm_torch(x, norm_w, 1e-6, residual)
+    normed, ref_residual = ref if with_residual else (ref, x)
+    assert torch.equal(new_residual, ref_residual)
+    _check(y, normed, w, b, f"rms_norm {cfg} residual={with_residual}")
 
 
 # -- GPU only ---------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_ca
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.kv_write import _kv_write_kernel, write_kv_cache, write_kv_cache_ref  # noqa: E402
-from heron.kernels.paged_decode import paged_decode_attention, paged_decode_ref  # noqa: E402
+from heron.kernels.paged_decode import make_decode_workspace, paged_decode_attention, paged_decode_ref  # noqa: E402
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
 
 DEVICE = pick_device()
@@ -101,6 +101,22 @@ def test_paged_decode_empty_sequence_gives_zeros():
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         ref = paged_decode_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
         assert_close(out, ref, torch.float16, f"P={parts}")
+
+
+def test_paged_decode_counters_reset_and_partitions_combine_deterministically():
+    """The partition that arrives last combines them and leaves the arrival counters at zero, so repeated
+    calls with one workspace (as a captured graph makes them) give equal outputs."""
+    gen = _gen(5)
+    meta = make_batch([70, 3, 129], [1, 1, 1], 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(3, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    ws = make_decode_workspace(3, 8, 2, 64, 4, DEVICE)
+    call = lambda: paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),  # noqa
+                                          num_partitions=4, workspace=ws, block_n=16)
+    first = call()
+    assert torch.count_nonzero(ws[3]) == 0
+    assert torch.equal(call(), first)
+    assert_close(first, _oracle(q, cache, meta, 0.125), torch.bfloat16, "P=4 with a passed workspace")
 
 
 def test_paged_decode_skips_prefill_rows_with_query_start_loc():

@@ -61,17 +61,19 @@ class TritonAttentionBackend(AttentionBackend):
         parts = lambda b: self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, device)
         need = max(b * self.num_heads * parts(b) for b in range(1, max_num_seqs + 1))
         self._ws = (torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
-                    torch.empty(2 * need, dtype=torch.float32, device=device))
+                    torch.empty(2 * need, dtype=torch.float32, device=device),
+                    torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=device))
 
     def _workspace(self, batch: int, parts: int):
-        """Views of the reserved partials (shared by all layers: they run one after another on one stream)."""
+        """Views of the reserved partials and arrival counters (shared by all layers: they run one after another
+        on one stream, and each call leaves the counters zeroed)."""
         need = batch * self.num_heads * parts
-        o, ml = self._ws
+        o, ml, counts = self._ws
         assert ml.numel() >= 2 * need, "reserve() was called with a smaller max_num_seqs than this batch"
         part_o = o[: need * self.head_dim].view(batch, self.num_heads, parts, self.head_dim)
         part_m = ml[:need].view(batch, self.num_heads, parts)
         part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
-        return part_o, part_m, part_l
+        return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
         b = meta.num_seqs
