@@ -14,6 +14,7 @@ for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.kernels.bench ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
+  kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/executor/attention ;;
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
