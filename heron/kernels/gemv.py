@@ -34,11 +34,14 @@ counter to zero for the next call. Chosen over the alternatives because:
 Prologues: the elementwise op that produces x can run inside the GEMV instead of a kernel of its own (at batch
 1 a small kernel costs as much as its launch, ~2 us with the gap after it, and a decoder layer had four):
 - `gemv_silu_mul`: x is the gate/up projection [M, 2K]; each tile of x is silu(gate) * up, computed on load.
-- `gemv_rms_norm`: x is RMSNorm(x + residual) * weight; each program first sums the squares of its rows
-  (all of K, from L2) for 1 / rms, then normalises each tile on load; program (0, 0) writes x + residual,
-  the new residual stream.
-Both round like their own kernels (heron/kernels/activation.py, rmsnorm.py), so the fused and unfused models
-agree up to the order of a float32 sum of squares.
+- `gemv_rms_norm`: x is RMSNorm(x + residual) * weight. 1 / rms is a per-row scalar, so it factors out of
+  the product: the main loop feeds round(h * weight) (h = x + residual) to the inner product and sums h^2 on
+  the side, and the epilogue scales each row's sums by 1 / rms. The programs of the first column tile
+  store h, the new residual stream. Without split-K (forced), so a program sees all of K. A first version
+  took 1 / rms in a pass of its own before the main loop: ~5 us of serial L2 reads per program at K 4096.
+The silu prologue rounds like its own kernel (heron/kernels/activation.py); the norm prologue rounds once
+(h * weight) where the unfused norm rounds twice (h / rms, then times the weight): the fused result is the
+closer one to float32, and the two differ by about one bf16 rounding of the input.
 
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.kernels.bench --gemv --sweep` searches
@@ -48,7 +51,7 @@ them on a GPU. No triton.autotune: its first-call benchmarking cannot run under 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -93,19 +96,14 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
 
 
 @triton.jit
-def _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k, mask, rstd, K,
-                PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FIX_BF16: tl.constexpr):
-    """A tile of the GEMV's input at offsets x_offs (columns k), in x's dtype; see the module's Prologues."""
-    dtype = x_ptr.dtype.element_ty
-    if PROLOGUE == 1:  # silu(gate) * up; up sits K columns after gate
+def _input_tile(x_ptr, x_offs, mask, K, PROLOGUE: tl.constexpr, FIX_BF16: tl.constexpr):
+    """A tile of the GEMV's input at offsets x_offs, in x's dtype: x, or silu(gate) * up (PROLOGUE 1)."""
+    if PROLOGUE == 1:  # up sits K columns after gate
+        dtype = x_ptr.dtype.element_ty
         gate = _load(x_ptr + x_offs, mask).to(tl.float32)
         up = _load(x_ptr + x_offs + K, mask).to(tl.float32)
         act = round_to(gate / (1.0 + tl.exp(-gate)), dtype, FIX_BF16).to(tl.float32)
         x = round_to(act * up, dtype, FIX_BF16)
-    elif PROLOGUE == 2:  # weight * rmsnorm(x + residual)
-        h = _residual_sum(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL, FIX_BF16)
-        h = round_to(h * rstd, dtype, FIX_BF16).to(tl.float32)
-        x = round_to(h * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32), dtype, FIX_BF16)
     else:
         x = _load(x_ptr + x_offs, mask)
     return x
@@ -119,16 +117,6 @@ def _load(ptrs, mask):
     else:
         v = tl.load(ptrs, mask=mask, other=0.0)
     return v
-
-
-@triton.jit
-def _residual_sum(x_ptr, res_ptr, x_offs, r_offs, mask, HAS_RESIDUAL: tl.constexpr, FIX_BF16: tl.constexpr):
-    """x (+ residual, rounded to x's dtype as torch rounds it) in float32."""
-    h = _load(x_ptr + x_offs, mask).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = _load(res_ptr + r_offs, mask).to(tl.float32)
-        h = round_to(h + r, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
-    return h
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
@@ -156,42 +144,38 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
         r_offs = kk
         acc_k = tl.zeros([BLOCK_N], tl.float32)
 
-    rstd = 0.0
-    if PROLOGUE == 2:  # 1 / rms of each row over all of K; program (0, 0) also stores x + residual
+    if PROLOGUE == 2:  # the sum of squares of each row of h = x + residual, over the main loop's tiles
         sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
-        writer = (pid_n == 0) & (pid_k == 0)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + kk
-            k_ok = k < K
-            if USE_DOT:  # rows past M repeat row M - 1 (as in the main loop), so their rstd is finite too
-                h = _residual_sum(x_ptr, res_ptr, x_offs + k0, r_offs + k0, k_ok[:, None], HAS_RESIDUAL, FIX_BF16)
-                sum_sq += tl.sum(h * h, axis=0)
-                if HAS_RESIDUAL:
-                    tl.store(res_out_ptr + m[None, :] * stride_rom + k[:, None], h.to(res_out_ptr.dtype.element_ty),
-                             mask=k_ok[:, None] & (m < M)[None, :] & writer)
-            else:
-                h = _residual_sum(x_ptr, res_ptr, x_offs + k0, r_offs + k0, k_ok, HAS_RESIDUAL, FIX_BF16)
-                sum_sq += h * h
-                if HAS_RESIDUAL:
-                    tl.store(res_out_ptr + k, h.to(res_out_ptr.dtype.element_ty), mask=k_ok & writer)
-        if USE_DOT:
-            rstd = tl.math.rsqrt(sum_sq / K + eps)[None, :]
-        else:
-            rstd = tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
-
+        writer = pid_n == 0  # these programs store h, the new residual
     x_offs += k_lo
-    r_offs += k_lo
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk
         if EVEN_K:
             w = tl.load(w_ptrs)
-            xt = _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k[:, None] if USE_DOT else k, None, rstd, K,
-                             PROLOGUE, HAS_RESIDUAL, FIX_BF16)
+            k_mask = None
         else:
             k_ok = k < K
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-            xt = _input_tile(x_ptr, res_ptr, nw_ptr, x_offs, r_offs, k[:, None] if USE_DOT else k,
-                             k_ok[:, None] if USE_DOT else k_ok, rstd, K, PROLOGUE, HAS_RESIDUAL, FIX_BF16)
+            k_mask = k_ok[:, None] if USE_DOT else k_ok
+        if PROLOGUE == 2:
+            h = _load(x_ptr + x_offs, k_mask).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = _load(res_ptr + r_offs + k0, k_mask).to(tl.float32)
+                h = round_to(h + r, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)  # as torch rounds x + r
+                if USE_DOT:
+                    tl.store(res_out_ptr + m[None, :] * stride_rom + k[:, None], h.to(res_out_ptr.dtype.element_ty),
+                             mask=(k < K)[:, None] & (m < M)[None, :] & writer)
+                else:
+                    tl.store(res_out_ptr + k, h.to(res_out_ptr.dtype.element_ty), mask=(k < K) & writer)
+            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            if USE_DOT:
+                sum_sq += tl.sum(h * h, axis=0)
+                xt = round_to(h * nw[:, None], x_ptr.dtype.element_ty, FIX_BF16)
+            else:
+                sum_sq += h * h
+                xt = round_to(h * nw, x_ptr.dtype.element_ty, FIX_BF16)
+        else:
+            xt = _input_tile(x_ptr, x_offs, k_mask, K, PROLOGUE, FIX_BF16)
         if USE_DOT:
             if UPCAST:
                 w, xt = w.to(tl.float32), xt.to(tl.float32)
@@ -200,9 +184,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
             acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
         w_ptrs += BLOCK_K
         x_offs += BLOCK_K
-        r_offs += BLOCK_K
     if not USE_DOT:
         acc = acc_k[:, None]  # [BLOCK_N, 1]
+    if PROLOGUE == 2:  # W (h * weight) / rms = W (weight * rmsnorm(h))
+        if USE_DOT:
+            acc = acc * tl.math.rsqrt(sum_sq / K + eps)[None, :]
+        else:
+            acc = acc * tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
 
     m_ok = (m < M)[None, :]
     if split_k > 1:
@@ -324,6 +312,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     assert out.shape == (*x.shape[:-1], n) and out.dtype == x.dtype and out.is_contiguous()
     cfg = config or pick_config(m, n, k, x.dtype, x.device)
+    if prologue == 2 and cfg.split_k > 1:  # its programs need all of K (the sum of squares)
+        cfg = replace(cfg, split_k=1)
     assert cfg.dot or m == 1, "the FMA path takes one row"
     m_pad = 16 if cfg.dot else 1
     tiles = triton.cdiv(n, cfg.block_n)
