@@ -139,6 +139,20 @@ class RotaryEmbedding(nn.Module):
             return apply_rope(q, k, positions, self.cos_sin, *norm)
         return rope_torch(q, k, positions, self.cos_sin, *norm)
 
+    def rotate_and_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor, q_norm: RMSNorm | None = None,
+                         k_norm: RMSNorm | None = None) -> torch.Tensor:
+        """`forward`, with the rotated k and v written into the paged KV cache at slot_mapping (-1: skip a
+        padded row) instead of returned; returns the rotated q. One Triton kernel on CUDA."""
+        norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
+        if q.is_cuda:
+            from heron.kernels.rope import apply_rope_and_cache
+
+            return apply_rope_and_cache(q, k, v, positions, self.cos_sin, kv_cache, slot_mapping, *norm)
+        q, k = rope_torch(q, k, positions, self.cos_sin, *norm)
+        write_kv_torch(k, v, kv_cache, slot_mapping)
+        return q
+
 
 def rope_torch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
@@ -148,6 +162,16 @@ def rope_torch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
         q, k = rms_norm_torch(q, q_norm_weight, eps), rms_norm_torch(k, k_norm_weight, eps)
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def write_kv_torch(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] into kv_cache [2, num_blocks, block_size, Hkv, D] at slot_mapping [T'] (a slot of -1 or
+    a row t >= T' is skipped), in PyTorch: the CPU path and the reference for the Triton kernel."""
+    slots = slot_mapping[: k.shape[0]]
+    keep = slots >= 0
+    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
+    flat[0].index_copy_(0, slots[keep], k[: slots.shape[0]][keep].to(kv_cache.dtype))
+    flat[1].index_copy_(0, slots[keep], v[: slots.shape[0]][keep].to(kv_cache.dtype))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from heron.kernels.activation import (
     silu_and_mul_ref,
 )
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm, rms_norm_ref
-from heron.kernels.rope import apply_rope, apply_rope_ref
+from heron.kernels.rope import apply_rope, apply_rope_and_cache, apply_rope_ref
+from heron.models.layers import write_kv_torch
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -135,6 +136,39 @@ def test_apply_rope(dtype, qk_norm, tokens, num_heads, num_kv_heads, head_dim):
     _check(q_out, q_ref, "q")
     _check(k_out, k_ref, "k")
     assert torch.equal(q, q0) and torch.equal(k, k0), "inputs modified"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("tokens,num_heads,num_kv_heads,head_dim", [(13, 6, 2, 64), (5, 4, 4, 128)])
+def test_apply_rope_and_cache(dtype, qk_norm, tokens, num_heads, num_kv_heads, head_dim):
+    """The rotated k, and v, land in the paged cache at their slots (a -1 slot and the rows past a shorter
+    slot_mapping write nothing; every other slot keeps its value); q as apply_rope's."""
+    gen = _gen(3 * tokens + head_dim + qk_norm)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = _randn(tokens, q_size + 2 * kv_size, gen=gen, dtype=dtype, scale=2.0)
+    q, k, v = (x.view(tokens, -1, head_dim) for x in qkv.split([q_size, kv_size, kv_size], dim=-1))
+    cos_sin = _cos_sin(512, head_dim)
+    positions = torch.randint(0, 512, (tokens,), generator=gen).to(DEVICE)
+    norm = ()
+    if qk_norm:
+        norm = tuple((1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEVICE, dtype) for _ in range(2)) + (EPS,)
+    num_blocks, block_size = 6, 4
+    cache = _randn(2, num_blocks, block_size, num_kv_heads, head_dim, gen=gen, dtype=dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[: tokens - 1]  # the last row: no slot
+    slots[1] = -1
+    slots = slots.to(DEVICE)
+    want_cache = cache.clone()
+    q_ref, k_ref = apply_rope_ref(q, k, positions, cos_sin, *norm)
+    write_kv_torch(k_ref, v, want_cache, slots)
+    q_out = apply_rope_and_cache(q, k, v, positions, cos_sin, cache, slots, *norm, q_out=_poison(q.shape, dtype))
+    _check(q_out, q_ref, "q")
+    _check(cache, want_cache, "cache")
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    untouched[slots[slots >= 0].cpu()] = False
+    flat, want_flat = cache.view(2, -1, num_kv_heads, head_dim), want_cache.view(2, -1, num_kv_heads, head_dim)
+    assert torch.equal(flat[:, untouched.to(DEVICE)], want_flat[:, untouched.to(DEVICE)]), "a slot not written changed"
+    assert torch.equal(flat[1, slots[slots >= 0]], v[: tokens - 1][(slots >= 0)]), "v is copied as is"
 
 
 def test_apply_rope_int32_positions_new_outputs():

@@ -1,4 +1,4 @@
-"""Heron's Triton kernels against the PyTorch references: KV write, split-KV decode, paged prefill, and the
+"""Heron's Triton kernels against the PyTorch references: split-KV decode, paged prefill, and the
 "triton" attention backend against the "torch" one. On CPU they run under Triton's interpreter with small
 shapes; the `gpu`-marked variants with production shapes (and CUDA-graph capture) run only on CUDA."""
 
@@ -12,15 +12,16 @@ triton = pytest.importorskip("triton")
 from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
-from heron.kernels.kv_write import _kv_write_kernel, write_kv_cache, write_kv_cache_ref  # noqa: E402
-from heron.kernels.paged_decode import make_decode_workspace, paged_decode_attention, paged_decode_ref  # noqa: E402
+from heron.kernels.paged_decode import (_paged_decode_kernel, make_decode_workspace,  # noqa: E402
+                                        paged_decode_attention, paged_decode_ref)
+from heron.models.layers import write_kv_torch  # noqa: E402
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (large shapes)")
 
-skip_unless_runnable(_kv_write_kernel, DEVICE)
+skip_unless_runnable(_paged_decode_kernel, DEVICE)
 
 # (num_heads, num_kv_heads): GQA ratios 1, 4, 8
 GQA = [(4, 4), (8, 2), (16, 2)]
@@ -37,28 +38,6 @@ def _oracle(q, kv_cache, meta, scale):
 
 def _nan_like(x: torch.Tensor) -> torch.Tensor:
     return torch.full_like(x, float("nan"))
-
-
-# -- KV write ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (3, 128, 32), (1, 64, 8)])
-def test_kv_write_matches_reference(dtype, num_kv_heads, head_dim, block_size):
-    gen = _gen(1)
-    num_blocks, tokens = 12, 37
-    cache = make_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
-    # k, v as the model gives them: views into one fused qkv row (strided, last dim contiguous)
-    qkv = torch.randn(tokens, (4 + 2) * num_kv_heads * head_dim, generator=gen).to(DEVICE, dtype)
-    k = qkv[:, 4 * num_kv_heads * head_dim:5 * num_kv_heads * head_dim].view(tokens, num_kv_heads, head_dim)
-    v = qkv[:, 5 * num_kv_heads * head_dim:].view(tokens, num_kv_heads, head_dim)
-    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
-    slots[[0, 5, 36]] = -1  # padded rows: skipped
-    slots = slots.to(DEVICE)
-    got, want = cache.clone(), cache.clone()
-    write_kv_cache(k, v, got, slots)
-    write_kv_cache_ref(k, v, want, slots)
-    assert torch.equal(got, want)
-    assert not torch.equal(got, cache)
 
 
 # -- decode --------------------------------------------------------------------------------------------------
@@ -199,13 +178,10 @@ def test_triton_backend_matches_torch_backend(kind):
     tri.num_partitions = 2 if not ON_GPU else None
     tri.reserve(len(seq_lens), DEVICE)
     assert tri.plan(meta) == kind
-    ref_cache = cache.clone().float()
-    want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(
-        q.float(), k.float(), v.float(), ref_cache, meta)
-    got_cache = cache.clone()
+    write_kv_torch(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
+    want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q.float(), cache.float(), meta)
     tri.prepare(meta)
-    got = tri.forward(q, k, v, got_cache, meta)
-    assert torch.equal(got_cache.float(), ref_cache), "KV write differs"
+    got = tri.forward(q, cache, meta)
     assert_close(got, want, dtype, kind)
 
 
@@ -252,9 +228,12 @@ def test_paged_prefill_large(heads, head_dim):
 @gpu_only
 @pytest.mark.gpu
 def test_decode_step_replays_in_a_cuda_graph():
-    """Capture kv write + decode once, then change lengths, tables and inputs in place and replay: the
-    result must follow the new values (nothing host-side baked in), including a padded (seq_len 0) row."""
+    """Capture the K/V write (inside the rotary kernel; position 0 rotates nothing) + decode once, then change
+    lengths, tables and inputs in place and replay: the result must follow the new values (nothing host-side
+    baked in), including a padded (seq_len 0, slot -1) row."""
     from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.kernels.rope import apply_rope_and_cache
+    from heron.models.layers import RotaryEmbedding
 
     gen = _gen(9)
     batch, num_heads, num_kv_heads, head_dim, block_size = 16, 32, 8, 128, 16
@@ -267,11 +246,18 @@ def test_decode_step_replays_in_a_cuda_graph():
     backend = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5)
     backend.reserve(batch, DEVICE)
     backend.prepare(meta)
-    backend.forward(q, k, v, cache, meta)  # warm-up: compile outside the capture
+    cos_sin = RotaryEmbedding(head_dim, 16, 1e6, None).cos_sin.to(DEVICE)
+    positions = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+
+    def step():
+        return backend.forward(apply_rope_and_cache(q, k, v, positions, cos_sin, cache, meta.slot_mapping),
+                               cache, meta)
+
+    step()  # warm-up: compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = backend.forward(q, k, v, cache, meta)
+        out = step()
 
     for step in range(3):
         new_lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
@@ -291,7 +277,7 @@ def test_decode_step_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         want_cache = before
-        write_kv_cache_ref(k, v, want_cache, meta.slot_mapping)
+        write_kv_torch(k, v, want_cache, meta.slot_mapping)
         assert torch.equal(cache, want_cache)
         ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim ** -0.5)
         assert_close(out, ref, torch.bfloat16, f"replay {step}")

@@ -58,13 +58,6 @@ class AttentionBackend(ABC):
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """Write k, v [T, Hkv, D] into kv_cache at meta.slot_mapping, then attend q [T, H, D] causally
-        over each sequence's cached keys. Returns [T, H, D]."""
-
-
-def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-    flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attend q [T, H, D] causally over each sequence's cached keys, this step's K/V among them (the
+        model's rotary embedding writes them at meta.slot_mapping first). Returns [T, H, D]."""

@@ -13,11 +13,10 @@ Each step, prepare() turns the host copies of the lengths and block tables into 
 Nothing is read back from the device: plan() gets host tensors for the lengths and indptr, and the page
 indices as a device copy (given host indices, FlashInfer's CUDA-graph plan copies them synchronously).
 
-K/V are written by our Triton kernel (heron.kernels.kv_write) from the runner's slot_mapping: it skips padded
-rows (slot -1) and reads k/v as strided views of the fused qkv output, where FlashInfer's
-append_paged_kv_cache would need per-token batch indices and positions built and uploaded every step.
-The cache [2, num_blocks, block_size, Hkv, D] goes to FlashInfer as the tuple of its K and V halves, each
-[num_blocks, block_size, Hkv, D]: the "NHD" layout.
+K/V are in the cache before forward (the model's rotary kernel writes them at the runner's slot_mapping,
+skipping padded rows), where FlashInfer's append_paged_kv_cache would need per-token batch indices and
+positions built and uploaded every step. The cache [2, num_blocks, block_size, Hkv, D] goes to FlashInfer as
+the tuple of its K and V halves, each [num_blocks, block_size, Hkv, D]: the "NHD" layout.
 
 FlashInfer JIT-compiles each kernel variant (dtype, head dim, decode / prefill) with nvcc on first use, which
 takes minutes: benchmarks/flashinfer_cache.sh keeps the built modules between device runs.
@@ -71,10 +70,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         except ImportError as e:
             raise ImportError("attention_backend 'flashinfer' needs flashinfer-python: "
                               "pip install 'heron[flashinfer]'") from e
-        from heron.kernels import kv_write
-
         self._fi = flashinfer
-        self._kv = kv_write
         # Decode on tensor cores (FlashInfer's prefill kernels, one query row) pays once a KV head serves
         # several query heads; `python -m heron.kernels.bench --vs-flashinfer` times both kinds.
         self.use_tensor_cores = num_heads // num_kv_heads >= 4
@@ -154,9 +150,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._copied.record()
         return wrapper
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        self._kv.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self._planned is None or self._planned[0] is not meta:
             self.prepare(meta)
         wrapper = self._planned[1]

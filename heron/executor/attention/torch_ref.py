@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata, write_kv
+from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
 
 
 def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
@@ -89,6 +89,5 @@ class TorchAttentionBackend(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self._scratch = [torch.empty(0), torch.empty(0)]  # gathered K, V; shared by all layers, one at a time
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
-        write_kv(k, v, kv_cache, meta.slot_mapping)
+    def forward(self, q, kv_cache, meta: AttentionMetadata):
         return paged_attention_batched(q, kv_cache, meta, self.scale, self._scratch)

@@ -26,9 +26,8 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         # Imported here so that registering the backend never needs Triton where it is not used.
-        from heron.kernels import kv_write, paged_decode, paged_prefill
+        from heron.kernels import paged_decode, paged_prefill
 
-        self._kv = kv_write
         self._decode = paged_decode
         self._prefill = paged_prefill
         self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
@@ -83,9 +82,7 @@ class TritonAttentionBackend(AttentionBackend):
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
                                             workspace=ws)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        self._kv.write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
         out = torch.empty_like(q)
         b = meta.num_seqs
