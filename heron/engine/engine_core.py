@@ -2,7 +2,9 @@
 so the server's event loop (HTTP, JSON, streaming) and the engine never share a GIL.
 
 Two pipes join the two processes, one each way; every message is a pickled tuple of plain values:
-  to the engine    ("add", request_id, prompt, params, priority, add_special_tokens)
+  to the engine    ("add", request_id, prompt, prompt_token_ids, params, priority, add_special_tokens)
+                   (the API process tokenizes a text prompt; prompt_token_ids is None only when it has
+                   no tokenizer, and the engine then rejects a text prompt)
                    ("abort", request_id)  ("shutdown",)
   from the engine  ("ready", ServingInfo)  once the model is loaded
                    ("added", request_id, None | (exception type name, message))
@@ -78,10 +80,10 @@ def _serve(engine, commands: Connection, events: Connection) -> None:
                 if not engine.has_unfinished():  # the stats the API process shows must see the freed blocks
                     events.send(("outputs", [], engine.get_stats()))
                 continue
-            _, rid, prompt, params, priority, add_special = msg
+            _, rid, prompt, prompt_ids, params, priority, add_special = msg
             try:
                 engine.add_request(rid, prompt, replace(params, output_kind=RequestOutputKind.DELTA),
-                                   priority=priority, add_special_tokens=add_special)
+                                   priority=priority, add_special_tokens=add_special, prompt_token_ids=prompt_ids)
                 events.send(("added", rid, None))
             except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
                 events.send(("added", rid, (type(e).__name__, str(e))))

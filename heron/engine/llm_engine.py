@@ -121,15 +121,21 @@ class LLMEngine:
         return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0,
-                    add_special_tokens: bool = True) -> Request:
+                    arrival_time: float | None = None, priority: int = 0, add_special_tokens: bool = True,
+                    prompt_token_ids: list[int] | None = None) -> Request:
         """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
-        A chat prompt already holds its special tokens: pass add_special_tokens=False."""
+        A chat prompt already holds its special tokens: pass add_special_tokens=False. A text prompt's
+        `prompt_token_ids`, when the caller has them (the server tokenizes in its own process), are taken
+        as they are instead of tokenizing here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
-        text, ids = ((prompt, self.tokenize(prompt, add_special_tokens)) if isinstance(prompt, str)
-                     else (None, list(prompt)))
+        if not isinstance(prompt, str):
+            text, ids = None, list(prompt)
+        elif prompt_token_ids is None:
+            text, ids = prompt, self.tokenize(prompt, add_special_tokens)
+        else:
+            text, ids = prompt, list(prompt_token_ids)
         if not ids:
             raise ValueError("The prompt is empty.")
         if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
