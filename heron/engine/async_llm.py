@@ -89,17 +89,19 @@ class AsyncLLM:
                        priority: int = 0, add_special_tokens: bool = True) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs until the request finishes. Invalid requests raise ValueError before
         the first output; leaving the iteration early (or being cancelled) aborts the request."""
-        prompt_ids = await self._tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else None
+        text = prompt if isinstance(prompt, str) else None
+        prompt_ids = None if text is None else await self._tokenize(text, add_special_tokens)
         if self.dead is not None:  # checked after the await, right before the request is registered
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
         stream: asyncio.Queue = asyncio.Queue()
         added: Future = Future()
-        self._streams[request_id] = (asyncio.get_running_loop(), stream, OutputAccumulator())
+        # The engine never sends the prompt back: its outputs take it from here.
+        acc = OutputAccumulator(request_id, text, list(prompt) if text is None else prompt_ids)
+        self._streams[request_id] = (asyncio.get_running_loop(), stream, acc)
         self._added[request_id] = added
         self._outbox.put(("add", request_id, prompt, prompt_ids, params, priority, add_special_tokens))
         try:
             await asyncio.wrap_future(added)  # raises the engine's ValueError, if any
-            acc = self._streams[request_id][2]
             while True:
                 signal = await stream.get()  # new output arrived (True), or the engine died (the error)
                 while not stream.empty() and not isinstance(signal, BaseException):

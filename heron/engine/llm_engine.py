@@ -170,7 +170,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self._retire(seq)
-        return self._finish_request(req)
+        self._finish_request(req)
+        return self.output_processor.make_output(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
@@ -178,8 +179,14 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns an output for every request that advanced (finished ones last
-        time they appear; with RequestOutputKind.FINAL_ONLY, only those).
+        """Run one iteration (see `advance`); returns an output for every request that advanced (finished
+        ones last time they appear; with RequestOutputKind.FINAL_ONLY, only those)."""
+        return [self.output_processor.make_output(r) for r in self.advance()
+                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+
+    def advance(self) -> list[Request]:
+        """Run one iteration; returns the requests it advanced (those it finished are done with here), whose
+        outputs are the caller's to build: `step`'s RequestOutputs, or the engine process's wire tuples.
 
         The iteration is pipelined: step t is scheduled and launched before step t - 1's tokens are read
         back, so the host's work (scheduling, input preparation, detokenization) overlaps the GPU's. Each
@@ -212,9 +219,10 @@ class LLMEngine:
         if read_back_now:
             self._process(launched, touched)
             self._inflight = None
-        return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)
-                for r in touched.values()
-                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+        for r in touched.values():
+            if r.is_finished:
+                self._finish_request(r)
+        return list(touched.values())
 
     def _process(self, step: InflightStep, touched: dict[str, Request]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
@@ -244,12 +252,11 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.output_processor.release(seq)
 
-    def _finish_request(self, req: Request) -> RequestOutput:
+    def _finish_request(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
         req.metrics.finished_time = time.time()
         reason = req.seqs[0].finish_reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
-        return self.output_processor.make_output(req)
 
     def get_stats(self) -> EngineStats:
         s = self.stats
