@@ -54,5 +54,6 @@ def test_snapshots_are_new_objects():
     acc.add(("r", True, (1.0, 2.0, 3.0, 4.0, 5.0), [(0, "b", [6], None, None, "length", None)], None))
     after = acc.snapshot()
     assert (before.outputs[0].text, before.outputs[0].token_ids, before.finished) == ("a", [5], False)
-    assert (after.outputs[0].text, after.outputs[0].token_ids, after.outputs[0].finish_reason) == ("ab", [5, 6], "length")
+    c = after.outputs[0]
+    assert (c.text, c.token_ids, c.finish_reason) == ("ab", [5, 6], "length")
     assert after.metrics.finished_time == 5.0 and after.prompt_token_ids == [1, 2] and after.prompt == "p"
