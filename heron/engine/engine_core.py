@@ -2,15 +2,23 @@
 so the server's event loop (HTTP, JSON, streaming) and the engine never share a GIL.
 
 Two pipes join the two processes, one each way; every message is a pickled tuple of plain values:
-  to the engine    ("add", request_id, prompt, params, priority, add_special_tokens)
+  to the engine    ("add", request_id, prompt, prompt_token_ids, params, priority, add_special_tokens)
+                   (the API process tokenizes a text prompt; prompt_token_ids is None only when it has
+                   no tokenizer, and the engine then rejects a text prompt)
                    ("abort", request_id)  ("shutdown",)
   from the engine  ("ready", ServingInfo)  once the model is loaded
                    ("added", request_id, None | (exception type name, message))
                    ("outputs", [wire outputs], EngineStats)  once a step (and after an abort that
                                                              leaves the engine idle)
                    ("dead", message)  the engine failed; the process exits after it
-Requests run with RequestOutputKind.DELTA, so a step's message carries only its new tokens and text; a wire
-output is a tuple (see `to_wire`), several times cheaper to pickle than the dataclasses.
+Requests run with RequestOutputKind.DELTA, so a step's message carries only its new tokens and text. A wire
+output is made straight from the engine's request (`to_wire`), never a RequestOutput: tuples cost less to
+build and several times less to pickle than the dataclasses. Per request that advanced in the step:
+  (request_id, finished, (arrival_time, first_scheduled_time, first_token_time, last_token_time,
+   finished_time), [(index, text, token_ids, cumulative_logprob, logprobs, finish_reason, stop_reason)],
+   None | (prompt_logprobs, num_cached_tokens))
+with one completion tuple per sequence (only its new text, token ids and logprobs) and the last item set in
+the request's first output only. The prompt and its ids are never sent back: the API process made them.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 from heron.config import EngineConfig
+from heron.engine.output_processor import OutputProcessor
+from heron.engine.request import Request
 from heron.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from heron.sampling_params import RequestOutputKind
 
@@ -78,25 +88,28 @@ def _serve(engine, commands: Connection, events: Connection) -> None:
                 if not engine.has_unfinished():  # the stats the API process shows must see the freed blocks
                     events.send(("outputs", [], engine.get_stats()))
                 continue
-            _, rid, prompt, params, priority, add_special = msg
+            _, rid, prompt, prompt_ids, params, priority, add_special = msg
             try:
                 engine.add_request(rid, prompt, replace(params, output_kind=RequestOutputKind.DELTA),
-                                   priority=priority, add_special_tokens=add_special)
+                                   priority=priority, add_special_tokens=add_special, prompt_token_ids=prompt_ids)
                 events.send(("added", rid, None))
             except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
                 events.send(("added", rid, (type(e).__name__, str(e))))
         if engine.has_unfinished():
-            outputs = engine.step()
-            events.send(("outputs", [to_wire(o) for o in outputs], engine.get_stats()))
+            out = engine.output_processor
+            events.send(("outputs", [to_wire(r, out) for r in engine.advance()], engine.get_stats()))
 
 
-def to_wire(out: RequestOutput) -> tuple:
-    m = out.metrics
-    return (out.request_id, out.prompt, out.prompt_token_ids, out.prompt_logprobs, out.finished,
-            out.num_cached_tokens,
+def to_wire(request: Request, outputs: OutputProcessor) -> tuple:
+    """The request's news since its previous wire output (the format is in this module's docstring)."""
+    m = request.metrics
+    first = None
+    if not request.sent_prompt:
+        request.sent_prompt = True
+        first = (request.prompt_logprobs, request.seqs[0].num_cached_tokens)
+    return (request.request_id, request.is_finished,
             (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time),
-            [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason, c.stop_reason)
-             for c in out.outputs])
+            [outputs.news(s) for s in request.seqs], first)
 
 
 class OutputAccumulator:
@@ -104,16 +117,18 @@ class OutputAccumulator:
     and makes cumulative RequestOutputs of it on demand. Each snapshot is a new object: a reader holding
     one across an await must not see it change."""
 
-    def __init__(self) -> None:
-        self.head: tuple | None = None  # request_id, prompt, prompt_token_ids, prompt_logprobs
-        self.state: tuple = ()  # finished, num_cached_tokens, metrics
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]) -> None:
+        self.head = (request_id, prompt, prompt_token_ids)
+        self.prompt_logprobs: list | None = None
+        self.num_cached_tokens = 0
+        self.state: tuple = ()  # finished, metrics
         self.completions: dict[int, CompletionOutput] = {}
 
     def add(self, wire: tuple) -> None:
-        rid, prompt, prompt_ids, prompt_lps, finished, cached, metrics, completions = wire
-        if self.head is None:
-            self.head = (rid, prompt, prompt_ids, prompt_lps)
-        self.state = (finished, cached, metrics)
+        _, finished, metrics, completions, first = wire
+        if first is not None:
+            self.prompt_logprobs, self.num_cached_tokens = first
+        self.state = (finished, metrics)
         for index, text, ids, cum_lp, lps, finish_reason, stop_reason in completions:
             c = self.completions.get(index)
             if c is None:
@@ -125,8 +140,9 @@ class OutputAccumulator:
             c.cumulative_logprob, c.finish_reason, c.stop_reason = cum_lp, finish_reason, stop_reason
 
     def snapshot(self) -> RequestOutput:
-        finished, cached, metrics = self.state
+        finished, metrics = self.state
         outputs = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
                                     None if c.logprobs is None else list(c.logprobs), c.finish_reason, c.stop_reason)
                    for _, c in sorted(self.completions.items())]
-        return RequestOutput(*self.head, outputs, finished, RequestMetrics(*metrics), cached)
+        return RequestOutput(*self.head, self.prompt_logprobs, outputs, finished, RequestMetrics(*metrics),
+                             self.num_cached_tokens)

@@ -121,15 +121,21 @@ class LLMEngine:
         return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0,
-                    add_special_tokens: bool = True) -> Request:
+                    arrival_time: float | None = None, priority: int = 0, add_special_tokens: bool = True,
+                    prompt_token_ids: list[int] | None = None) -> Request:
         """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
-        A chat prompt already holds its special tokens: pass add_special_tokens=False."""
+        A chat prompt already holds its special tokens: pass add_special_tokens=False. A text prompt's
+        `prompt_token_ids`, when the caller has them (the server tokenizes in its own process), are taken
+        as they are instead of tokenizing here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
-        text, ids = ((prompt, self.tokenize(prompt, add_special_tokens)) if isinstance(prompt, str)
-                     else (None, list(prompt)))
+        if not isinstance(prompt, str):
+            text, ids = None, list(prompt)
+        elif prompt_token_ids is None:
+            text, ids = prompt, self.tokenize(prompt, add_special_tokens)
+        else:
+            text, ids = prompt, list(prompt_token_ids)
         if not ids:
             raise ValueError("The prompt is empty.")
         if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
@@ -164,7 +170,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self._retire(seq)
-        return self._finish_request(req)
+        self._finish_request(req)
+        return self.output_processor.make_output(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
@@ -172,8 +179,14 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns an output for every request that advanced (finished ones last
-        time they appear; with RequestOutputKind.FINAL_ONLY, only those).
+        """Run one iteration (see `advance`); returns an output for every request that advanced (finished
+        ones last time they appear; with RequestOutputKind.FINAL_ONLY, only those)."""
+        return [self.output_processor.make_output(r) for r in self.advance()
+                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+
+    def advance(self) -> list[Request]:
+        """Run one iteration; returns the requests it advanced (those it finished are done with here), whose
+        outputs are the caller's to build: `step`'s RequestOutputs, or the engine process's wire tuples.
 
         The iteration is pipelined: step t is scheduled and launched before step t - 1's tokens are read
         back, so the host's work (scheduling, input preparation, detokenization) overlaps the GPU's. Each
@@ -206,9 +219,10 @@ class LLMEngine:
         if read_back_now:
             self._process(launched, touched)
             self._inflight = None
-        return [self._finish_request(r) if r.is_finished else self.output_processor.make_output(r)
-                for r in touched.values()
-                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+        for r in touched.values():
+            if r.is_finished:
+                self._finish_request(r)
+        return list(touched.values())
 
     def _process(self, step: InflightStep, touched: dict[str, Request]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
@@ -238,12 +252,11 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.output_processor.release(seq)
 
-    def _finish_request(self, req: Request) -> RequestOutput:
+    def _finish_request(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
         req.metrics.finished_time = time.time()
         reason = req.seqs[0].finish_reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
-        return self.output_processor.make_output(req)
 
     def get_stats(self) -> EngineStats:
         s = self.stats

@@ -83,7 +83,7 @@ class OutputProcessor:
         """The request's output now: cumulative, or with RequestOutputKind.DELTA only the tokens, text and
         logprobs added since its last output (prompt fields in the first only)."""
         delta = request.params.output_kind is RequestOutputKind.DELTA
-        outputs = [self._completion(s, delta) for s in sorted(request.seqs, key=lambda s: s.index)]
+        outputs = [CompletionOutput(*self.news(s, delta)) for s in sorted(request.seqs, key=lambda s: s.index)]
         first = not delta or not request.sent_prompt
         request.sent_prompt = True
         return RequestOutput(
@@ -93,15 +93,17 @@ class OutputProcessor:
             outputs=outputs, finished=request.is_finished, metrics=request.metrics,
             num_cached_tokens=request.seqs[0].num_cached_tokens)
 
-    def _completion(self, s: Sequence, delta: bool) -> CompletionOutput:
-        want_lps = s.params.logprobs is not None
+    def news(self, s: Sequence, delta: bool = True) -> tuple:
+        """A sequence's output as CompletionOutput's fields, in order: all of it, or with `delta` only the
+        tokens, text and logprobs added since the previous call. A plain tuple, so that the engine process
+        sends it as it is (engine_core.to_wire)."""
+        p = s.request.params
         start, text_start = (s.num_sent_tokens, s.num_sent_chars) if delta else (0, 0)
-        end = len(s.token_ids) - s.num_pending - s.num_prompt_tokens
+        n = s.num_prompt_tokens
+        end = len(s.token_ids) - s.num_pending - n
         text = self.visible_text(s)
         s.num_sent_tokens, s.num_sent_chars = end, len(text)
-        p = s.num_prompt_tokens
-        return CompletionOutput(
-            index=s.index, text=text[text_start:], token_ids=s.token_ids[p + start: p + end],
-            cumulative_logprob=s.cumulative_logprob if want_lps else None,
-            logprobs=s.output_logprobs[start:end] if want_lps else None,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+        want_lps = p.logprobs is not None
+        return (s.index, text[text_start:], s.token_ids[n + start: n + end],
+                s.cumulative_logprob if want_lps else None, s.output_logprobs[start:end] if want_lps else None,
+                s.finish_reason, s.stop_reason)

@@ -172,7 +172,14 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return (self.aborted or len(self.seqs) == self.params.n) and all(s.is_finished for s in self.seqs)
+        """Asked of every request that advanced, at least twice a step: a plain loop, about twice as fast
+        as all() over a generator."""
+        if not self.aborted and len(self.seqs) != self.params.n:
+            return False
+        for s in self.seqs:
+            if s.status is not SequenceStatus.FINISHED:
+                return False
+        return True
 
     @property
     def needs_prompt_logprobs(self) -> bool:

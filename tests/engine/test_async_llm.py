@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 
 from heron.config import CacheConfig, EngineConfig
-from heron.engine.async_llm import AsyncLLM, EngineDeadError
+from heron.engine.async_llm import TOKENIZE_INLINE_CHARS, AsyncLLM, EngineDeadError
 from heron.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,41 @@ def test_invalid_request_raises_before_any_output(async_llm):
 
     with pytest.raises(ValueError, match="9000"):
         asyncio.run(run())
+
+
+class RecordingTokenizer:
+    """Marks the ids it makes (token 1 first where special tokens are asked for, which this tokenizer never
+    adds itself) and records on which thread it ran."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.calls = tok, []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.calls.append((add_special_tokens, threading.get_ident()))
+        return [1] * add_special_tokens + self.tok.encode(text, add_special_tokens=False)
+
+
+def test_text_prompts_are_tokenized_in_the_api_process(async_llm, monkeypatch):
+    tok = RecordingTokenizer(async_llm.tokenizer)
+    monkeypatch.setattr(async_llm, "tokenizer", tok)
+    ids = tok.tok.encode("Hello there", add_special_tokens=False)
+
+    async def run(prompt, rid, add_special):
+        async for out in async_llm.generate(prompt, SamplingParams(max_tokens=2), rid, add_special_tokens=add_special):
+            pass
+        return out, threading.get_ident()
+
+    (chat, loop_thread), (plain, _) = (asyncio.run(run("Hello there", f"tok-{a}", a)) for a in (False, True))
+    assert chat.prompt_token_ids == ids and plain.prompt_token_ids == [1] + ids
+    assert chat.prompt == plain.prompt == "Hello there"
+    assert tok.calls == [(False, loop_thread), (True, loop_thread)]  # short prompts: on the event loop
+
+    long_prompt = "hello " * async_llm.max_model_len  # too many tokens for the model
+    n = len(tok.tok.encode(long_prompt, add_special_tokens=False))
+    assert len(long_prompt) > TOKENIZE_INLINE_CHARS and n >= async_llm.max_model_len
+    with pytest.raises(ValueError, match=f"is {n} tokens long"):  # validated by the engine
+        asyncio.run(run(long_prompt, "tok-long", False))
+    assert tok.calls[-1][1] != loop_thread  # a long prompt is tokenized in a thread
 
 
 def test_leaving_early_aborts_and_frees_blocks(async_llm):

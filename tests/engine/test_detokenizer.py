@@ -9,7 +9,7 @@ import random
 import pytest
 
 from heron.engine.detokenizer import (MAX_PENDING_TOKENS, REPLACEMENT_CHAR, IncrementalDetokenizer,
-                                      StopChecker)
+                                      StopChecker, _decodes_through_backend)
 
 MULTIBYTE = "안녕하세요 👋🏽 世界"
 TEXTS = [
@@ -137,6 +137,62 @@ def test_invalid_bytes_keep_the_window_bounded(tok, prompt):
         assert len(detok._window) <= 2 * MAX_PENDING_TOKENS + 2
     pieces.append(detok.flush())
     assert "".join(pieces) == detok.text == tok.decode(ids)
+
+
+# ---- the fast path: decoding through the Rust tokenizer ----
+
+
+class SlowDecode:
+    """A tokenizer that only has `decode`: the detokenizer must call it (the behaviour before the fast path)."""
+
+    def __init__(self, tok) -> None:
+        self.decode = tok.decode
+
+
+def word_tokenizer(clean_up: bool):
+    """A word-level fast tokenizer like the benchmarks' (benchmarks/shapes.py), with punctuation words that
+    `clean_up_tokenization_spaces` rewrites (" ." -> ".", " n't" -> "n't")."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(50)] + [".", ",", "n't", "'s", "?", "<s>", "</s>"]
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>",
+                                   clean_up_tokenization_spaces=clean_up)
+
+
+def pieces_both_ways(tok, prompt_ids, ids, **kw) -> tuple[list[str], list[str]]:
+    """One stream through `tok` as the detokenizer takes it, one forced through `tok.decode`."""
+    return stream(tok, prompt_ids, ids, **kw)[1], stream(SlowDecode(tok), prompt_ids, ids, **kw)[1]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_embedded_tokenizer_decodes_through_its_backend_with_the_same_pieces(tok, prompt, skip):
+    assert _decodes_through_backend(tok)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    for text in TEXTS:
+        ids = enc(tok, text) + [im_end] + enc(tok, " 👋 more")
+        fast, slow = pieces_both_ways(tok, prompt, ids, skip_special_tokens=skip)
+        assert fast == slow
+        assert "".join(fast) == tok.decode(ids, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("clean_up", [False, True])
+@pytest.mark.parametrize("skip", [True, False])
+def test_word_level_tokenizer_pieces_equal_decode(clean_up, skip):
+    tok = word_tokenizer(clean_up)
+    assert _decodes_through_backend(tok) is not clean_up
+    rng = random.Random(0)
+    prompt_ids = [tok.bos_token_id] + [rng.randrange(50) for _ in range(8)]
+    ids = [rng.randrange(len(tok) - 2) for _ in range(200)] + [tok.eos_token_id]
+    fast, slow = pieces_both_ways(tok, prompt_ids, ids, skip_special_tokens=skip)
+    assert fast == slow
+    if clean_up:  # the premise: clean-up changes this text, and the pieces show it
+        assert " ." in tok.backend_tokenizer.decode(ids) and " ." not in "".join(fast)
+    else:  # the words, after the prompt's
+        assert "".join(fast) == " " + tok.decode(ids, skip_special_tokens=skip)
 
 
 # ---- stop strings ----

@@ -77,3 +77,18 @@ def test_final_only_returns_nothing_until_the_end(embedded_llm):
     params = SamplingParams(temperature=0, max_tokens=8, output_kind=RequestOutputKind.FINAL_ONLY)
     outs = _stream(engine, PROMPTS[:2], params)
     assert all(len(o) == 1 and o[0].finished for o in outs.values())
+
+
+def test_a_text_prompt_with_its_ids_is_not_tokenized_again_and_still_validated(embedded_llm):
+    engine = embedded_llm.engine
+    ids = engine.tokenize("Tokenized elsewhere, with one more token:") + [42]
+    params = SamplingParams(temperature=0, max_tokens=3, output_kind=RequestOutputKind.FINAL_ONLY)
+    engine.add_request("given-ids", "the text the client sent", params, prompt_token_ids=ids)
+    [out] = _stream(engine, [], params)["given-ids"]
+    assert out.prompt == "the text the client sent" and out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == embedded_llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
+    for bad, match in [([], "empty"), ([engine.model_cfg.vocab_size], "must be in"),
+                       ([1] * engine.max_model_len, str(engine.max_model_len))]:
+        with pytest.raises(ValueError, match=match):
+            engine.add_request("bad", "text", params, prompt_token_ids=bad)
+    assert not engine.has_unfinished() and "bad" not in engine.requests
