@@ -199,7 +199,7 @@ class LLMEngine:
                 if width:
                     seq.token_ids.append(PENDING_TOKEN)
                     seq.num_pending += 1
-                    read_back_now = read_back_now or width > 1 or seq.params.has_penalties
+            read_back_now = launched.read_back_now
         if self._inflight is not None:
             self._process(self._inflight, touched)
         self._inflight = launched
