@@ -2,7 +2,7 @@
 replaced by a fixed logits tensor, so what is timed is the engine's own Python (schedule, prepare, sample,
 read back, outputs). CPU figures are only indicative of the GPU machine's host.
 
-    python benchmarks/host_profile.py [--batch 1 256] [--steps 200] [--temperature 0] [--lines]
+    PYTHONPATH=. python benchmarks/host_profile.py [--batch 1 256] [--steps 200] [--repeats 3] [--temperature 0] [--lines]
 
 --lines prints line_profiler tables of ModelRunner._prepare, SamplingTensors.build and InflightStep.result.
 """
@@ -41,7 +41,8 @@ def _num_rows(rows) -> int:
 
 
 def decode_step_us(llm: LLM, batch: int, steps: int, temperature: float) -> float:
-    """Median wall time of LLMEngine.step over `steps` decode steps of `batch` sequences."""
+    """Median CPU time of LLMEngine.step (this thread's: other processes on a shared machine inflate wall
+    time) over `steps` decode steps of `batch` sequences."""
     engine = llm.engine
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", list(range(2, 18)), SamplingParams(
@@ -50,9 +51,9 @@ def decode_step_us(llm: LLM, batch: int, steps: int, temperature: float) -> floa
         engine.step()
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = time.thread_time()
         engine.step()
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
     while engine.has_unfinished():
         engine.step()
     return 1e6 * sorted(times)[len(times) // 2]
@@ -63,6 +64,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--lines", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -80,8 +82,9 @@ def main() -> None:
             lp.enable_by_count()
         for batch in args.batch:
             decode_step_us(llm, batch, 20, args.temperature)  # warm
-            us = decode_step_us(llm, batch, args.steps, args.temperature)
-            print(f"batch {batch:4d} temperature {args.temperature}: {us:8.1f} us per decode step (host only)")
+            us = min(decode_step_us(llm, batch, args.steps, args.temperature) for _ in range(args.repeats))
+            print(f"batch {batch:4d} temperature {args.temperature}: {us:8.1f} us CPU per decode step (host only; "
+                  f"the least of {args.repeats} medians)")
         if args.lines:
             lp.disable_by_count()
             lp.print_stats(output_unit=1e-6)

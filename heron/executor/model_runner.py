@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ class ModelRunner:
         self.max_num_seqs = sched.max_num_seqs
         self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, max_blocks, device)
         self.block_tables = BlockTables(2 * sched.max_num_seqs, max_blocks)
-        self._arange = np.arange(max(sched.max_num_seqs, sched.max_num_batched_tokens) + 1, dtype=np.int32)
+        self._arange = np.arange(max(sched.max_num_seqs, sched.max_num_batched_tokens) + 1)
         self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
         self._last_seqs: list[Sequence | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
@@ -328,89 +328,129 @@ class ModelRunner:
     def _prepare(self, batch: ScheduledBatch) -> StepInputs:
         """Fill the host buffers for `batch` and queue their copy to the device. Vectorised over tokens;
         the per-sequence Python left is reading each sequence's new token ids and sampling rows."""
-        bs, b, seqs, num_seqs = self.block_size, self.buffers, batch.seqs, len(batch)
-        num_tokens = np.array(batch.num_tokens, dtype=np.int32)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int32, count=num_seqs)
-        seq_lens = starts + num_tokens
-        total = int(num_tokens.sum())
-        decode = total == num_seqs  # one token each
-        if decode:
-            qsl = self._arange[: num_seqs + 1]
-            seq_of_token = qsl[:-1]
-            positions = starts
-        else:
-            qsl = np.zeros(num_seqs + 1, dtype=np.int32)
-            np.cumsum(num_tokens, out=qsl[1:])
-            seq_of_token = np.repeat(self._arange[:num_seqs], num_tokens)
-            positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
-        graph_size = self._graph_for[num_seqs] if decode else None
+        b, seqs, num_seqs = self.buffers, batch.seqs, len(batch)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=num_seqs)
+        t = _token_layout(batch.num_tokens, starts, self._arange)
+        graph_size = self._graph_for[num_seqs] if t.decode else None
+        rows, width, logits_indices = _sampling_rows(seqs, t.seq_lens, t.qsl)
+        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = _prompt_logprob_rows(seqs, starts, t.seq_lens, t.qsl)
+        # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
+        first_rows = t.decode and len(rows) == num_seqs and not prompt_lp_indices
 
-        # The sampling rows: every sequence whose last known token is in this step samples one token, and
-        # a first draw of an n > 1 request samples n (it forks into n sequences afterwards).
-        num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int32, num_seqs)
-        lens = np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs)
-        samples = np.flatnonzero(seq_lens == lens)
-        out_pos = (seq_lens - num_prompt).tolist()
-        first_draws = samples[seq_lens[samples] == num_prompt[samples]].tolist()
-        if len(samples) == num_seqs and not any(seqs[i].num_samples > 1 for i in first_draws):
-            width = [1] * num_seqs  # the common case: one row per sequence, in order
-            rows = [(s, s.index, p) for s, p in zip(seqs, out_pos)]
-            logits_indices = qsl[1:] - 1
-        else:
-            width = [0] * num_seqs
-            for i in samples.tolist():
-                width[i] = 1
-            for i in first_draws:
-                width[i] = seqs[i].num_samples
-            rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
-            logits_indices = np.repeat(qsl[1:] - 1, width)
-        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
-        for i, s in enumerate(seqs):
-            if s.request.needs_prompt_logprobs:
-                # logits at prompt position p score prompt token p + 1
-                start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
-                prompt_lp_indices += range(qsl[i], qsl[i] + max(last - start, 0))
-                prompt_lp_targets += s.token_ids[start + 1: last + 1]
-                prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
-        num_logits = len(logits_indices) + len(prompt_lp_indices)
-        # the logits rows are the step's first rows: a view of the hidden states (of a graph's logits)
-        first_rows = decode and len(rows) == num_seqs and not prompt_lp_indices
-
-        arrays = b.arrays(graph_size or total, graph_size or num_seqs, 0 if first_rows else num_logits,
-                          len(prompt_lp_targets))
+        num_logits = 0 if first_rows else len(rows) + len(prompt_lp_indices)
+        arrays = b.arrays(graph_size or t.total, graph_size or num_seqs, num_logits, len(prompt_lp_targets))
         h = arrays.np
-        h.query_start_loc[: num_seqs + 1] = qsl
-        h.seq_lens[:num_seqs] = seq_lens
-        if decode:
-            h.input_ids[:total] = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
+        h.query_start_loc[: num_seqs + 1] = t.qsl
+        h.seq_lens[:num_seqs] = t.seq_lens
+        if t.decode:
+            ids = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
         else:
-            h.input_ids[:total] = np.concatenate([s.token_ids[x:y] for s, x, y in
-                                                  zip(seqs, starts.tolist(), seq_lens.tolist())])
-        h.positions[:total] = positions
+            ids = np.concatenate([s.token_ids[x:y] for s, x, y in zip(seqs, starts.tolist(), t.seq_lens.tolist())])
+        h.input_ids[: t.total] = ids
+        h.positions[: t.total] = t.positions
         self.block_tables.gather(seqs, h.block_tables)
-        h.slot_mapping[:total] = h.block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        block, offset = np.divmod(t.positions, self.block_size)
+        slots = h.slot_mapping[: t.total]
+        np.multiply(h.block_tables[t.seq_of_token, block], self.block_size, out=slots, dtype=np.int64)
+        slots += offset
         if graph_size is not None:
             pad_decode(h, num_seqs, graph_size)
-        # Tokens sampled by the previous step, not yet on the host: copied on the device from its output.
-        pending = np.flatnonzero(h.input_ids[:total] == PENDING_TOKEN)
-        in_order = decode and len(pending) == num_seqs and seqs == self._last_seqs
-        if len(pending) and not in_order:
-            last_rows = {s.seq_id: r for r, s in enumerate(self._last_seqs) if s is not None}
-            h.pending_dst[: len(pending)] = pending
-            h.pending_src[: len(pending)] = [last_rows[seqs[i].seq_id] for i in seq_of_token[pending].tolist()]
+        num_pending, in_order = self._pending_tokens(ids, h, seqs, t)
         self._last_seqs = [s if j == s.index else None for s, j, _ in rows]
         if not first_rows:
-            h.logits_indices[: len(logits_indices)] = logits_indices
-            h.logits_indices[len(logits_indices):] = prompt_lp_indices
+            h.logits_indices[: len(rows)] = logits_indices
+            h.logits_indices[len(rows):] = prompt_lp_indices
         h.prompt_lp_targets[:] = prompt_lp_targets
         sampling = SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device,
                                          (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)))
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self._metadata(arrays, int(num_tokens.max()), int(seq_lens.max()), cuda_graph=graph_size is not None)
+        meta = self._metadata(arrays, t.max_query_len, int(t.seq_lens.max()), cuda_graph=graph_size is not None)
         return StepInputs(arrays=arrays, graph_size=graph_size, meta=meta, rows=rows, width=width,
-                          starts=starts.tolist(), sampling=sampling, num_pending=len(pending), pending_in_order=in_order,
+                          starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
                           first_rows=first_rows, prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
+
+    def _pending_tokens(self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence],
+                        t: _Tokens) -> tuple[int, bool]:
+        """The input tokens sampled by the previous step, not yet on the host (copied on the device from its
+        output): how many, and whether they are simply its rows in order (the batch is the previous one,
+        decoding); otherwise their positions and rows are written to pending_dst / pending_src."""
+        if t.decode:
+            num_pending = ids.count(PENDING_TOKEN)
+            if num_pending == len(seqs) and seqs == self._last_seqs:
+                return num_pending, True
+            if not num_pending:
+                return 0, False
+        pending = np.flatnonzero(h.input_ids[: t.total] == PENDING_TOKEN)
+        if len(pending):
+            last_rows = {s.seq_id: r for r, s in enumerate(self._last_seqs) if s is not None}
+            h.pending_dst[: len(pending)] = pending
+            h.pending_src[: len(pending)] = [last_rows[seqs[i].seq_id] for i in t.seq_of_token[pending].tolist()]
+        return len(pending), False
+
+
+class _Tokens(NamedTuple):
+    """Where a step's tokens sit."""
+
+    total: int
+    decode: bool  # one token per sequence
+    max_query_len: int
+    seq_lens: np.ndarray  # per sequence: its length after this step
+    qsl: np.ndarray  # query_start_loc: per sequence, its first token's index; then the total
+    seq_of_token: np.ndarray  # per token: its sequence
+    positions: np.ndarray  # per token: its position in its sequence
+
+
+def _token_layout(num_tokens: list[int], starts: np.ndarray, arange: np.ndarray) -> _Tokens:
+    """`num_tokens` new tokens per sequence after its `starts` computed ones (`arange`: 0, 1, 2, ... long
+    enough). A decode step (the common one) needs no cumulative sums or repeats."""
+    num_seqs, total = len(num_tokens), sum(num_tokens)
+    if total == num_seqs:
+        return _Tokens(total, True, 1, starts + 1, arange[: num_seqs + 1], arange[:num_seqs], starts)
+    counts = np.array(num_tokens, dtype=np.int64)
+    qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(counts, out=qsl[1:])
+    seq_of_token = np.repeat(arange[:num_seqs], counts)
+    positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
+    return _Tokens(total, False, max(num_tokens), starts + counts, qsl, seq_of_token, positions)
+
+
+def _sampling_rows(seqs: list[Sequence], seq_lens: np.ndarray,
+                   qsl: np.ndarray) -> tuple[list[tuple[Sequence, int, int]], list[int], np.ndarray]:
+    """The sampling rows: every sequence whose last known token is in this step samples one token, and a
+    first draw of an n > 1 request samples n (it forks into n sequences afterwards). Returns the rows
+    (sequence, sample index, output position), each sequence's count of them and the rows' token indices."""
+    num_seqs = len(seqs)
+    num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int64, num_seqs)
+    lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
+    samples = np.flatnonzero(seq_lens == lens)
+    out_pos = (seq_lens - num_prompt).tolist()
+    first_draws = samples[seq_lens[samples] == num_prompt[samples]].tolist()
+    if len(samples) == num_seqs and not any(seqs[i].num_samples > 1 for i in first_draws):
+        rows = [(s, s.index, p) for s, p in zip(seqs, out_pos)]
+        return rows, [1] * num_seqs, qsl[1:] - 1
+    width = [0] * num_seqs
+    for i in samples.tolist():
+        width[i] = 1
+    for i in first_draws:
+        width[i] = seqs[i].num_samples
+    rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
+    return rows, width, np.repeat(qsl[1:] - 1, width)
+
+
+def _prompt_logprob_rows(seqs: list[Sequence], starts: np.ndarray, seq_lens: np.ndarray,
+                         qsl: np.ndarray) -> tuple[list[int], list[int], int]:
+    """For the requests that asked for prompt logprobs: the token indices whose logits score a prompt
+    token, those tokens, and the largest number of top logprobs asked (-1: none)."""
+    indices, targets, k = [], [], -1
+    for i, s in enumerate(seqs):
+        if s.request.needs_prompt_logprobs:
+            # logits at prompt position p score prompt token p + 1
+            start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
+            indices += range(qsl[i], qsl[i] + max(last - start, 0))
+            targets += s.token_ids[start + 1: last + 1]
+            k = max(k, s.params.prompt_logprobs)
+    return indices, targets, k
 
 
 @dataclass
