@@ -77,6 +77,8 @@ class StepArrays:
     query_start_loc has num_seqs + 1 entries, seq_lens num_seqs, and so on; the fixed arrays (pending
     indices, sampling rows) are whole."""
 
+    num_tokens: int
+    num_seqs: int
     np: SimpleNamespace
     host: SimpleNamespace
     dev: SimpleNamespace
@@ -126,8 +128,9 @@ class InputBuffers:
         for flat in self._hosts:
             host = views(flat)
             copy = (self._dev[:end], flat[:end]) if self.device.type == "cuda" else None
-            sides.append(StepArrays(SimpleNamespace(**{k: t.numpy() for k, t in vars(host).items()}), host, dev,
-                                    self._dev[:shared_end], copy))
+            sides.append(StepArrays(num_tokens, num_seqs, SimpleNamespace(**{k: t.numpy() for k, t in
+                                                                              vars(host).items()}),
+                                    host, dev, self._dev[:shared_end], copy))
         return sides
 
     def upload(self, arrays: StepArrays) -> None:

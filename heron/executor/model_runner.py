@@ -69,6 +69,10 @@ class ModelRunner:
         self._arange = np.arange(max(sched.max_num_seqs, sched.max_num_batched_tokens) + 1)
         self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
         self._last_seqs: list[Sequence | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
+        # Pinned host buffers for the sampled tokens, used in turn (a `.to("cpu")` would allocate pinned memory
+        # and record an event each step).
+        self._tokens_host = [torch.zeros(sched.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)] \
+            if device.type == "cuda" else []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
         self._graph_logits: torch.Tensor | None = None  # [largest graph, vocab] float32: the graphs' LM head
         self._graph_for: list[int | None] = [None] * (sched.max_num_seqs + 1)  # decode rows -> graph size
@@ -281,7 +285,11 @@ class ModelRunner:
         prompt_lp = None
         if inputs.prompt_lp_k >= 0:
             prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), d.prompt_lp_targets, inputs.prompt_lp_k)
-        return InflightStep(batch, inputs, out, prompt_lp)
+        tokens_host = None
+        if self._tokens_host:  # the side of two steps ago: its tokens have been read (LLMEngine.step)
+            self._tokens_host.reverse()
+            tokens_host = self._tokens_host[0][:num_sample]
+        return InflightStep(batch, inputs, out, prompt_lp, tokens_host)
 
     def run_forward(self, arrays: StepArrays, graph_size: int | None, meta: AttentionMetadata,
                     logits_rows: torch.Tensor | int) -> torch.Tensor:
@@ -318,7 +326,7 @@ class ModelRunner:
         decode batch that a captured graph runs (a backend that plans into fixed buffers uses the graph's)."""
         d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
-            num_seqs=len(d.seq_lens), num_tokens=len(d.input_ids), query_start_loc=d.query_start_loc,
+            num_seqs=arrays.num_seqs, num_tokens=arrays.num_tokens, query_start_loc=d.query_start_loc,
             seq_lens=d.seq_lens, block_tables=d.block_tables, slot_mapping=d.slot_mapping,
             max_query_len=max_query_len, max_seq_len=max_seq_len, query_start_loc_cpu=h.query_start_loc,
             seq_lens_cpu=h.seq_lens, block_tables_cpu=h.block_tables, cuda_graph=cuda_graph)
@@ -368,7 +376,8 @@ class ModelRunner:
         meta = self._metadata(arrays, t.max_query_len, int(t.seq_lens.max()), cuda_graph=graph_size is not None)
         return StepInputs(arrays=arrays, graph_size=graph_size, meta=meta, rows=rows, width=width,
                           starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
-                          first_rows=first_rows, prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
+                          first_rows=first_rows, one_row_each=len(rows) == num_seqs and all(width),
+                          prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
 
     def _pending_tokens(self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence],
                         t: _Tokens) -> tuple[int, bool]:
@@ -465,12 +474,8 @@ class StepInputs:
     num_pending: int  # input tokens taken from the previous step's samples on the device
     pending_in_order: bool  # ... input row i from sample row i, for every row (pending_dst/src not filled)
     first_rows: bool  # the logits rows are the first len(rows) rows of the hidden states (no logits_indices)
+    one_row_each: bool  # every sequence samples one token, in the batch's order
     prompt_lp_k: int  # -1: no prompt logprobs this step
-
-    @property
-    def one_row_each(self) -> bool:
-        """Every sequence samples one token, in the batch's order."""
-        return len(self.rows) == len(self.width) and all(self.width)
 
 
 class InflightStep:
@@ -478,11 +483,12 @@ class InflightStep:
     kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
 
     def __init__(self, batch: ScheduledBatch, inputs: StepInputs, out: SamplerOutput,
-                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None, tokens_host: torch.Tensor | None) -> None:
+        """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
         self.batch, self.inputs = batch, inputs
         to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
-        self._host = [to_host(t) for t in (out.token_ids, out.logprob_token_ids, out.logprobs,
-                                            *(prompt_lp or (None, None)))]
+        tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
+        self._host = [tokens, *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None))))]
         self._done = None
         if out.token_ids.is_cuda:
             self._done = torch.cuda.Event()

@@ -114,6 +114,7 @@ class SamplingTensors:
             df, di = torch.from_numpy(hf).to(dev), torch.from_numpy(hi).to(dev)
             dev_rows = (*df, *di)
         sampled = hf[0, :n] > 0  # rows that draw (the others are greedy)
+        all_greedy = not sampled.any()  # (then the sampler takes the argmax, and no threshold is needed)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
         extras = [i for i, r in enumerate(reqs) if r.has_sampling_extras]
@@ -145,11 +146,11 @@ class SamplingTensors:
             bias_rows=i64(bias_cols[0]) if bias else None,
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
-            all_greedy=not sampled.any(),
-            need_min_p=bool((hf[2, :n] > 0).any()),
+            all_greedy=all_greedy,
+            need_min_p=not all_greedy and bool((hf[2, :n] > 0).any()),
             max_logprobs=int(ints[:, 2].max(initial=-1)),
-            max_top_k=int(top_k[sampled & (top_k < vocab)].max(initial=0)),
-            need_top_p=bool((sampled & (hf[1, :n] < 1.0)).any()),
+            max_top_k=0 if all_greedy else int(top_k[sampled & (top_k < vocab)].max(initial=0)),
+            need_top_p=not all_greedy and bool((sampled & (hf[1, :n] < 1.0)).any()),
         )
 
 

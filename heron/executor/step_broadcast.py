@@ -75,7 +75,7 @@ class StepSender:
              logits_rows: torch.Tensor | int) -> None:
         """The header and host lengths over the pipes, then the step's device inputs in one broadcast (the
         padded rows of a graph's batch too: the graph reads all of them)."""
-        num_tokens, num_seqs = len(arrays.dev.input_ids), len(arrays.dev.seq_lens)
+        num_tokens, num_seqs = arrays.num_tokens, arrays.num_seqs
         max_query_len, max_seq_len = (1, 1) if graph_size else (meta.max_query_len, meta.max_seq_len)
         first = logits_rows if isinstance(logits_rows, int) else -1
         moves = (batch.swap_out, batch.swap_in, batch.block_copies)
