@@ -280,7 +280,7 @@ class ModelRunner:
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
             self.step_sender.send(batch, inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
         logits = self.run_forward(inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
-        out = self.sampler(logits[:num_sample], inputs.sampling)
+        out = self.sampler(logits if inputs.first_rows else logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
         prompt_lp = None
         if inputs.prompt_lp_k >= 0:
