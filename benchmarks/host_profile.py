@@ -1,6 +1,7 @@
 """The host's share of a decode step, on the CPU: a tiny random Qwen3 (config only) whose forward pass is
 replaced by a fixed logits tensor, so what is timed is the engine's own Python (schedule, prepare, sample,
-read back, outputs). CPU figures are only indicative of the GPU machine's host.
+read back, outputs). Qwen3-0.6B's context length (block-table rows of 2,560 blocks). CPU figures are only
+indicative of the GPU machine's host (and copies to the device are not made here).
 
     PYTHONPATH=. python benchmarks/host_profile.py [--batch 1 256] [--steps 200] [--repeats 3] [--temperature 0] [--lines]
 
@@ -22,7 +23,7 @@ from heron.sampling_params import RequestOutputKind
 
 CONFIG = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, intermediate_size=128,
               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-              max_position_embeddings=4096, rms_norm_eps=1e-6, vocab_size=1024, rope_theta=1e6,
+              max_position_embeddings=40960, rms_norm_eps=1e-6, vocab_size=1024, rope_theta=1e6,
               tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, torch_dtype="float32")
 
 

@@ -172,10 +172,12 @@ class BlockTables:
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.free = list(range(num_rows - 1, -1, -1))
 
-    def gather(self, seqs: list, out: np.ndarray) -> None:
-        """out[i] = block table of seqs[i] (`out` has at least len(seqs) rows)."""
+    def gather(self, seqs: list, out: np.ndarray, width: int) -> None:
+        """out[i, :width] = the first `width` blocks of seqs[i]'s table (`out` has at least len(seqs) rows).
+        `width`: the step's longest table; attention reads no block past a sequence's length, and copying
+        whole rows would cost ~0.3 ms a step at 256 sequences of 2,560-block rows."""
         rows = [self._update(s, seqs) for s in seqs]
-        np.take(self.table, rows, axis=0, out=out[: len(rows)])
+        np.take(self.table[:, :width], rows, axis=0, out=out[: len(rows), :width])
 
     def _update(self, seq, batch: list) -> int:
         row = self.row_of.get(seq.seq_id)

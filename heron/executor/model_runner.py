@@ -356,7 +356,8 @@ class ModelRunner:
             ids = np.concatenate([s.token_ids[x:y] for s, x, y in zip(seqs, starts.tolist(), t.seq_lens.tolist())])
         h.input_ids[: t.total] = ids
         h.positions[: t.total] = t.positions
-        self.block_tables.gather(seqs, h.block_tables)
+        max_seq_len = int(t.seq_lens.max())
+        self.block_tables.gather(seqs, h.block_tables, -(-max_seq_len // self.block_size))
         block, offset = np.divmod(t.positions, self.block_size)
         slots = h.slot_mapping[: t.total]
         np.multiply(h.block_tables[t.seq_of_token, block], self.block_size, out=slots, dtype=np.int64)
@@ -373,7 +374,7 @@ class ModelRunner:
                                          (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)))
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self._metadata(arrays, t.max_query_len, int(t.seq_lens.max()), cuda_graph=graph_size is not None)
+        meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph_size is not None)
         return StepInputs(arrays=arrays, graph_size=graph_size, meta=meta, rows=rows, width=width,
                           starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
                           first_rows=first_rows, one_row_each=len(rows) == num_seqs and all(width),
