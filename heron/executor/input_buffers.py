@@ -66,8 +66,16 @@ def _place(arrays: dict[str, tuple[tuple[int, ...], torch.dtype]], start: int) -
     return layout, start
 
 
-def _view(flat: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return flat[offset: offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+def _typed(flat: torch.Tensor) -> dict[torch.dtype, torch.Tensor]:
+    """The bytes `flat` seen as each dtype the arrays use: an array is then one slice of one of them."""
+    return {dtype: flat.view(dtype) for dtype in (torch.int32, torch.int64, torch.float32)}
+
+
+def _view(typed: dict, offset: int, shape: tuple[int, ...], dtype: torch.dtype):
+    """The array at byte `offset` of a buffer, from its `_typed` views (torch, or their numpy twins)."""
+    start = offset // dtype.itemsize
+    flat = typed[dtype][start: start + math.prod(shape)]
+    return flat.reshape(shape) if len(shape) > 1 else flat
 
 
 @dataclass
@@ -80,7 +88,7 @@ class StepArrays:
     num_tokens: int
     num_seqs: int
     np: SimpleNamespace
-    host: SimpleNamespace
+    host: SimpleNamespace  # query_start_loc, seq_lens and block_tables only
     dev: SimpleNamespace
     shared: torch.Tensor  # the device bytes tensor-parallel workers receive (through logits_indices)
     copy: tuple[torch.Tensor, torch.Tensor] | None  # (device, host) bytes of the step's one upload
@@ -93,10 +101,14 @@ class InputBuffers:
         self._fixed, self._fixed_end = _place(_fixed_arrays(max_seqs), 0)
         _, capacity = _place(_step_arrays(max_tokens, max_seqs, max_blocks_per_seq, max_seqs + max_tokens,
                                           max_tokens), self._fixed_end)
+        capacity = -(-capacity // _ALIGN) * _ALIGN
         self._dev = torch.zeros(capacity, dtype=torch.uint8, device=device)
         on_gpu = device.type == "cuda"
         self._hosts = [torch.zeros(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if on_gpu \
             else [self._dev]
+        self._dev_typed = _typed(self._dev)
+        self._host_typed = [_typed(flat) for flat in self._hosts]
+        self._np_typed = [{dtype: t.numpy() for dtype, t in typed.items()} for typed in self._host_typed]
         self._side = 0
         self._steps: dict[tuple[int, int, int, int], list[StepArrays]] = {}  # counts -> one per host side
         self._sampling_rows: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -117,20 +129,18 @@ class InputBuffers:
 
     def _make(self, num_tokens: int, num_seqs: int, num_logits: int, num_targets: int) -> list[StepArrays]:
         step, end = _place(_step_arrays(num_tokens, num_seqs, self.width, num_logits, num_targets), self._fixed_end)
-        fixed = dict(self._fixed)
-        fixed["query_start_loc"] = (fixed["query_start_loc"][0], (num_seqs + 1,), torch.int32)
-        fixed["seq_lens"] = (fixed["seq_lens"][0], (num_seqs,), torch.int32)
-        layout = fixed | step
-        views = lambda flat: SimpleNamespace(**{k: _view(flat, *v) for k, v in layout.items()})  # noqa: E731
-        dev = views(self._dev)
+        layout = self._fixed | step
+        layout["query_start_loc"] = (layout["query_start_loc"][0], (num_seqs + 1,), torch.int32)
+        layout["seq_lens"] = (layout["seq_lens"][0], (num_seqs,), torch.int32)
+        dev = SimpleNamespace(**{k: _view(self._dev_typed, *v) for k, v in layout.items()})
         shared_end = step["logits_indices"][0] + num_logits * 8
+        planned = ("query_start_loc", "seq_lens", "block_tables")  # what backends plan from on the host
         sides = []
-        for flat in self._hosts:
-            host = views(flat)
+        for flat, typed, np_typed in zip(self._hosts, self._host_typed, self._np_typed):
+            host = SimpleNamespace(**{k: _view(typed, *layout[k]) for k in planned})
+            arrays = SimpleNamespace(**{k: _view(np_typed, *v) for k, v in layout.items()})
             copy = (self._dev[:end], flat[:end]) if self.device.type == "cuda" else None
-            sides.append(StepArrays(num_tokens, num_seqs, SimpleNamespace(**{k: t.numpy() for k, t in
-                                                                              vars(host).items()}),
-                                    host, dev, self._dev[:shared_end], copy))
+            sides.append(StepArrays(num_tokens, num_seqs, arrays, host, dev, self._dev[:shared_end], copy))
         return sides
 
     def upload(self, arrays: StepArrays) -> None:
