@@ -1,5 +1,6 @@
 """Where one engine step's time goes on the GPU: each phase timed with a device sync around it (so the
-phases add up to the step, without overlap), for a batch-1 decode and a batch-256 decode; then, without
+phases add up to the step, without overlap), for a batch-1 decode and a batch-256 decode (a decode step's
+LM head runs inside its CUDA graph: "forward+rest" holds it); then, without
 the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the host-side gaps between them.
 
     python benchmarks/gpu_profile.py SHAPE_DIR
@@ -31,13 +32,11 @@ def timed(table: dict, name: str, fn):
 def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: float) -> None:
     engine, runner = llm.engine, llm.engine.runner
     table: dict[str, list[float]] = collections.defaultdict(list)
-    originals = (engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, runner.model.compute_logits,
-                 engine.step)
+    originals = (engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, engine.step)
     engine.scheduler.schedule = timed(table, "schedule", engine.scheduler.schedule)
     runner._prepare = timed(table, "prepare inputs", runner._prepare)
     runner.sampler = timed(table, "sampler", runner.sampler)
     engine._process = timed(table, "read back+outputs", engine._process)
-    runner.model.compute_logits = timed(table, "lm head", runner.model.compute_logits)
     engine.step = timed(table, "whole step", engine.step)
     g = torch.Generator().manual_seed(0)
     for i in range(batch):
@@ -45,8 +44,7 @@ def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: floa
                            SamplingParams(temperature=temperature, max_tokens=steps + 1, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
-    (engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, runner.model.compute_logits,
-     engine.step) = originals
+    engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, engine.step = originals
     whole = table["whole step"][-steps:]
     print(f"batch {batch}, prompt {prompt_len}, temperature {temperature}: {len(runner.graphs)} graphs; "
           f"median of the last {steps} steps (ms):")

@@ -197,6 +197,7 @@ class LLMEngine:
         tokens the next one needs on the host (an n > 1 request forking, repetition penalties) is read
         back at once."""
         touched: dict[str, Request] = {}
+        ended: set[str] = set()  # requests a sequence of which finished: the only ones that can have finished
         batch = self.scheduler.schedule()
         launched, read_back_now = None, False
         if batch.seqs:
@@ -212,41 +213,46 @@ class LLMEngine:
                 if width:
                     seq.token_ids.append(PENDING_TOKEN)
                     seq.num_pending += 1
-                    read_back_now = read_back_now or width > 1 or seq.params.has_penalties
+            read_back_now = launched.read_back_now
         if self._inflight is not None:
-            self._process(self._inflight, touched)
+            self._process(self._inflight, touched, ended)
         self._inflight = launched
         if read_back_now:
-            self._process(launched, touched)
+            self._process(launched, touched, ended)
             self._inflight = None
         for r in touched.values():
-            if r.is_finished:
+            if r.request_id in ended and r.is_finished:
                 self._finish_request(r)
         return list(touched.values())
 
-    def _process(self, step: InflightStep, touched: dict[str, Request]) -> None:
+    def _process(self, step: InflightStep, touched: dict[str, Request], ended: set[str]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
         result = step.result()
         now = time.time()
+        append, generated = self.output_processor.append, 0
+        starts, num_tokens = step.inputs.starts, step.batch.num_tokens
         for i, seq in enumerate(step.batch.seqs):
             if seq.is_finished:  # aborted, or finished by a token of the step before while this one ran
                 continue
             req = seq.request
             if result.prompt_logprobs[i]:
                 req.prompt_logprobs += result.prompt_logprobs[i]
-            if not result.sampled[i]:
+            tokens = result.sampled[i]
+            if not tokens:
                 continue
-            index = step.inputs.starts[i] + step.batch.num_tokens[i]  # where its placeholder stands
-            seqs = [seq] + (self.scheduler.fork(seq) if len(result.sampled[i]) > 1 else [])
-            lps = result.logprobs[i] or [None] * len(seqs)
-            for s, token, lp in zip(seqs, result.sampled[i], lps):
-                if self.output_processor.append(s, index, token, lp):
+            index = starts[i] + num_tokens[i]  # where its placeholder stands
+            seqs = [seq] if len(tokens) == 1 else [seq] + self.scheduler.fork(seq)
+            for s, token, lp in zip(seqs, tokens, result.logprobs[i] or [None] * len(seqs)):
+                if append(s, index, token, lp):
                     self._retire(s)
-            self.stats.generation_tokens += len(seqs)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.last_token_time = now
+                    ended.add(req.request_id)
+            generated += len(seqs)
+            metrics = req.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
             touched[req.request_id] = req
+        self.stats.generation_tokens += generated
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

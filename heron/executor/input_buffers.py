@@ -1,32 +1,39 @@
-"""One step's model and sampler inputs, in buffers that live as long as the runner: filled in place on
-the host, copied to the device with one asynchronous copy per array. A captured CUDA graph reads the
-same device addresses every step, and nothing is allocated per step.
+"""One step's model and sampler inputs, packed into one buffer that lives as long as the runner: filled in
+place on the host, copied to the device with a single asynchronous copy per step (each copy issued from
+Python costs the host ~5-20 us on a GPU machine, and the device a small transfer of its own).
+
+The buffer's start holds the arrays sized by max_num_seqs at fixed places (query_start_loc, seq_lens,
+the pending-token indices, the sampling rows); the arrays sized by the step follow, packed for its
+counts (`StepArrays`): input_ids, positions, slot_mapping and block_tables (for num_tokens, num_seqs),
+then logits_indices and prompt_lp_targets. A step copies the prefix it filled. The places of the arrays a
+captured decode graph reads depend only on its batch size, so every replay of a graph finds its inputs
+where the capture saw them; nothing is ever reallocated.
 
 On a GPU the host side is pinned memory, and there are two of them, used in turn (`flip`): the engine
-prepares step t+1 while step t runs, and step t's copies may still be queued behind step t-1 then, so
-the host must not overwrite what they read. (Copies from pageable memory would be worse than slow: CUDA
-synchronises the stream before each one.) On the CPU host and device are one set of tensors.
+prepares step t+1 while step t runs, and step t's copy may still be queued behind step t-1 then, so
+the host must not overwrite what it reads. (Copies from pageable memory would be worse than slow: CUDA
+synchronises the stream before each one.) On the CPU host and device are one buffer.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+_ALIGN = 256  # bytes; every array starts on it (Triton specialises kernels on 16-byte aligned pointers)
+_MAX_CACHED = 1024  # step layouts whose views are kept (a decode batch size each, plus recent prefills)
+_Layout = dict[str, tuple[int, tuple[int, ...], torch.dtype]]  # name -> (byte offset, shape, dtype)
 
-def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+
+def _fixed_arrays(max_seqs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     i32, i64, f32 = torch.int32, torch.int64, torch.float32
     return {
-        "input_ids": ((max_tokens,), i64),
-        "positions": ((max_tokens,), i64),
-        "slot_mapping": ((max_tokens,), i64),
         "query_start_loc": ((max_seqs + 1,), i32),
         "seq_lens": ((max_seqs,), i32),
-        "block_tables": ((max_seqs, max_blocks_per_seq), i32),
-        "logits_indices": ((max_seqs + max_tokens,), i64),  # sampled rows, then prompt-logprob rows
-        "prompt_lp_targets": ((max_tokens,), i64),
         "pending_dst": ((max_seqs,), i64),  # input positions whose token is the previous step's sample ...
         "pending_src": ((max_seqs,), i64),  # ... in this row of it
         "sampling_f32": ((3, max_seqs), f32),  # temperature, top_p, min_p
@@ -34,63 +41,132 @@ def _layout(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> dict[str
     }
 
 
-def _batch_counts(num_tokens: int, num_seqs: int) -> dict[str, int]:
-    return dict(input_ids=num_tokens, positions=num_tokens, slot_mapping=num_tokens, query_start_loc=num_seqs + 1,
-                seq_lens=num_seqs, block_tables=num_seqs)
+def _step_arrays(num_tokens: int, num_seqs: int, width: int, num_logits: int,
+                 num_targets: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """In this order: what the model and attention read, then what the rank that samples reads (what
+    tensor-parallel workers receive ends with logits_indices)."""
+    i32, i64 = torch.int32, torch.int64
+    return {
+        "input_ids": ((num_tokens,), i64),
+        "positions": ((num_tokens,), i64),
+        "slot_mapping": ((num_tokens,), i64),
+        "block_tables": ((num_seqs, width), i32),
+        "logits_indices": ((num_logits,), i64),  # sampled rows, then prompt-logprob rows
+        "prompt_lp_targets": ((num_targets,), i64),
+    }
+
+
+def _place(arrays: dict[str, tuple[tuple[int, ...], torch.dtype]], start: int) -> tuple[_Layout, int]:
+    """Byte offsets for `arrays` one after another from `start`; returns them and the end."""
+    layout = {}
+    for name, (shape, dtype) in arrays.items():
+        start = -(-start // _ALIGN) * _ALIGN
+        layout[name] = (start, shape, dtype)
+        start += math.prod(shape) * dtype.itemsize
+    return layout, start
+
+
+def _typed(flat: torch.Tensor) -> dict[torch.dtype, torch.Tensor]:
+    """The bytes `flat` seen as each dtype the arrays use: an array is then one slice of one of them."""
+    return {dtype: flat.view(dtype) for dtype in (torch.int32, torch.int64, torch.float32)}
+
+
+def _view(typed: dict, offset: int, shape: tuple[int, ...], dtype: torch.dtype):
+    """The array at byte `offset` of a buffer, from its `_typed` views (torch, or their numpy twins)."""
+    start = offset // dtype.itemsize
+    flat = typed[dtype][start: start + math.prod(shape)]
+    return flat.reshape(shape) if len(shape) > 1 else flat
+
+
+@dataclass
+class StepArrays:
+    """One step's arrays, as numpy on the host (`np`, for filling), as torch on the host (`host`, for
+    backends that plan on the CPU) and on the device (`dev`). Rows past a step's counts are not there:
+    query_start_loc has num_seqs + 1 entries, seq_lens num_seqs, and so on; the fixed arrays (pending
+    indices, sampling rows) are whole."""
+
+    num_tokens: int
+    num_seqs: int
+    np: SimpleNamespace
+    host: SimpleNamespace  # query_start_loc, seq_lens and block_tables only
+    dev: SimpleNamespace
+    shared: torch.Tensor  # the device bytes tensor-parallel workers receive (through logits_indices)
+    copy: tuple[torch.Tensor, torch.Tensor] | None  # (device, host) bytes of the step's one upload
 
 
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device) -> None:
         self.device = device
-        layout = _layout(max_tokens, max_seqs, max_blocks_per_seq)
+        self.width = max_blocks_per_seq
+        self._fixed, self._fixed_end = _place(_fixed_arrays(max_seqs), 0)
+        _, capacity = _place(_step_arrays(max_tokens, max_seqs, max_blocks_per_seq, max_seqs + max_tokens,
+                                          max_tokens), self._fixed_end)
+        capacity = -(-capacity // _ALIGN) * _ALIGN
+        self._dev = torch.zeros(capacity, dtype=torch.uint8, device=device)
         on_gpu = device.type == "cuda"
-        self.dev = SimpleNamespace(**{k: torch.zeros(shape, dtype=dt, device=device) for k, (shape, dt) in layout.items()})
-        sides = [SimpleNamespace(**{k: torch.zeros(shape, dtype=dt, pin_memory=True) for k, (shape, dt) in
-                                    layout.items()}) for _ in range(2)] if on_gpu else [self.dev]
-        self._sides = [(side, SimpleNamespace(**{k: t.numpy() for k, t in vars(side).items()})) for side in sides]
+        self._hosts = [torch.zeros(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if on_gpu \
+            else [self._dev]
+        self._dev_typed = _typed(self._dev)
+        self._host_typed = [_typed(flat) for flat in self._hosts]
+        self._np_typed = [{dtype: t.numpy() for dtype, t in typed.items()} for typed in self._host_typed]
         self._side = 0
+        self._steps: dict[tuple[int, int, int, int], list[StepArrays]] = {}  # counts -> one per host side
+        self._sampling_rows: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def flip(self) -> None:
         """Switch to the other host side (call once per step, before filling)."""
-        self._side = (self._side + 1) % len(self._sides)
+        self._side = (self._side + 1) % len(self._hosts)
 
-    @property
-    def host(self) -> SimpleNamespace:
-        """The current host side as torch tensors (for metadata read on the host)."""
-        return self._sides[self._side][0]
+    def arrays(self, num_tokens: int, num_seqs: int, num_logits: int = 0, num_targets: int = 0) -> StepArrays:
+        """The current host side's arrays for a step of these counts (views made once per counts)."""
+        key = (num_tokens, num_seqs, num_logits, num_targets)
+        sides = self._steps.get(key)
+        if sides is None:
+            if len(self._steps) >= _MAX_CACHED:
+                self._steps.clear()
+            sides = self._steps[key] = self._make(*key)
+        return sides[self._side]
 
-    @property
-    def np(self) -> SimpleNamespace:
-        """The current host side as numpy arrays (for filling)."""
-        return self._sides[self._side][1]
+    def _make(self, num_tokens: int, num_seqs: int, num_logits: int, num_targets: int) -> list[StepArrays]:
+        step, end = _place(_step_arrays(num_tokens, num_seqs, self.width, num_logits, num_targets), self._fixed_end)
+        layout = self._fixed | step
+        layout["query_start_loc"] = (layout["query_start_loc"][0], (num_seqs + 1,), torch.int32)
+        layout["seq_lens"] = (layout["seq_lens"][0], (num_seqs,), torch.int32)
+        dev = SimpleNamespace(**{k: _view(self._dev_typed, *v) for k, v in layout.items()})
+        shared_end = step["logits_indices"][0] + num_logits * 8
+        planned = ("query_start_loc", "seq_lens", "block_tables")  # what backends plan from on the host
+        sides = []
+        for flat, typed, np_typed in zip(self._hosts, self._host_typed, self._np_typed):
+            host = SimpleNamespace(**{k: _view(typed, *layout[k]) for k in planned})
+            arrays = SimpleNamespace(**{k: _view(np_typed, *v) for k, v in layout.items()})
+            copy = (self._dev[:end], flat[:end]) if self.device.type == "cuda" else None
+            sides.append(StepArrays(num_tokens, num_seqs, arrays, host, dev, self._dev[:shared_end], copy))
+        return sides
 
-    def upload(self, **counts: int) -> None:
-        """Copy the first counts[name] rows of each named array to the device (no-op on the CPU)."""
-        if self.device.type != "cuda":
-            return
-        host = self.host
-        for name, n in counts.items():
-            getattr(self.dev, name)[:n].copy_(getattr(host, name)[:n], non_blocking=True)
+    def upload(self, arrays: StepArrays) -> None:
+        """Queue the step's one copy to the device (no-op on the CPU)."""
+        if arrays.copy is not None:
+            arrays.copy[0].copy_(arrays.copy[1], non_blocking=True)
 
-    def upload_batch(self, num_tokens: int, num_seqs: int) -> None:
-        """The model's and attention's inputs for `num_tokens` tokens of `num_seqs` sequences."""
-        self.upload(**_batch_counts(num_tokens, num_seqs))
+    def sampling_rows(self, n: int, arrays: StepArrays) -> tuple[torch.Tensor, ...]:
+        """Device views of the first n sampling rows: temperature, top_p, min_p, top_k, seed, counter."""
+        rows = self._sampling_rows.get(n)
+        if rows is None:
+            f, i = arrays.dev.sampling_f32, arrays.dev.sampling_i64
+            rows = self._sampling_rows[n] = (f[0, :n], f[1, :n], f[2, :n], i[0, :n], i[1, :n], i[2, :n])
+        return rows
 
-    def device_prefixes(self, num_tokens: int, num_seqs: int) -> list[torch.Tensor]:
-        """The filled part of each device array of `upload_batch`: what the other tensor-parallel ranks
-        receive of a step."""
-        return [getattr(self.dev, name)[:n] for name, n in _batch_counts(num_tokens, num_seqs).items()]
 
-    def pad_decode(self, num_seqs: int, padded: int) -> None:
-        """Rows num_seqs..padded of a captured decode graph: no keys, no cache write, harmless ids."""
-        if padded == num_seqs:
-            return
-        h = self.np
-        h.input_ids[num_seqs:padded] = 0
-        h.positions[num_seqs:padded] = 0
-        h.slot_mapping[num_seqs:padded] = -1
-        h.seq_lens[num_seqs:padded] = 0
-        h.query_start_loc[num_seqs + 1: padded + 1] = np.arange(num_seqs + 1, padded + 1)
+def pad_decode(h: SimpleNamespace, num_seqs: int, padded: int) -> None:
+    """Rows num_seqs..padded of a captured decode graph's arrays `h` (numpy, sized `padded`): no keys, no
+    cache write, harmless ids."""
+    if padded == num_seqs:
+        return
+    h.input_ids[num_seqs:padded] = 0
+    h.positions[num_seqs:padded] = 0
+    h.slot_mapping[num_seqs:padded] = -1
+    h.seq_lens[num_seqs:padded] = 0
+    h.query_start_loc[num_seqs + 1: padded + 1] = np.arange(num_seqs + 1, padded + 1)
 
 
 class BlockTables:
@@ -106,10 +182,12 @@ class BlockTables:
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.free = list(range(num_rows - 1, -1, -1))
 
-    def gather(self, seqs: list, out: np.ndarray) -> None:
-        """out[i] = block table of seqs[i] (`out` has at least len(seqs) rows)."""
+    def gather(self, seqs: list, out: np.ndarray, width: int) -> None:
+        """out[i, :width] = the first `width` blocks of seqs[i]'s table (`out` has at least len(seqs) rows).
+        `width`: the step's longest table; attention reads no block past a sequence's length, and copying
+        whole rows would cost ~0.3 ms a step at 256 sequences of 2,560-block rows."""
         rows = [self._update(s, seqs) for s in seqs]
-        np.take(self.table, rows, axis=0, out=out[: len(rows)])
+        np.take(self.table[:, :width], rows, axis=0, out=out[: len(rows), :width])
 
     def _update(self, seq, batch: list) -> int:
         row = self.row_of.get(seq.seq_id)

@@ -1,7 +1,7 @@
 """Turns a scheduled batch into tensors, runs the model, samples. Owns every tensor: the weights, the
 paged KV cache (and its host-side swap space), the attention backend.
 
-Inputs are built with numpy and copied to the device once per array; the only device-to-host transfer
+Inputs are built with numpy and copied to the device in one copy a step; the only device-to-host transfer
 of a step is reading the sampled tokens (and their logprobs when asked) at the end.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from heron.distributed import get_tp_world_size
 from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
-from heron.executor.input_buffers import BlockTables, InputBuffers
+from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_decode
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
@@ -65,9 +66,16 @@ class ModelRunner:
         self.max_num_seqs = sched.max_num_seqs
         self.buffers = InputBuffers(sched.max_num_batched_tokens, sched.max_num_seqs, max_blocks, device)
         self.block_tables = BlockTables(2 * sched.max_num_seqs, max_blocks)
+        self._arange = np.arange(max(sched.max_num_seqs, sched.max_num_batched_tokens) + 1)
         self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
-        self._last_rows: dict[int, int] = {}  # seq_id -> its row in _last_sampled
+        self._last_seqs: list[Sequence | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
+        # Pinned host buffers for the sampled tokens, used in turn (a `.to("cpu")` would allocate pinned memory
+        # and record an event each step).
+        self._tokens_host = [torch.zeros(sched.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)] \
+            if device.type == "cuda" else []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
+        self._graph_logits: torch.Tensor | None = None  # [largest graph, vocab] float32: the graphs' LM head
+        self._graph_for: list[int | None] = [None] * (sched.max_num_seqs + 1)  # decode rows -> graph size
         self.step_sender: StepSender | None = None  # tensor parallelism, rank 0: hands each step to the others
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
@@ -122,10 +130,9 @@ class ModelRunner:
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // self.block_size)
         self.allocate_kv_cache(len(lens) * blocks_per_seq, 0)
-        meta = self._fill_dummy_prefill(lens, blocks_per_seq)
+        d, meta = self._fill_dummy_prefill(lens, blocks_per_seq)
         with torch.inference_mode():
-            b = self.buffers
-            hidden = self.model(b.dev.input_ids[:tokens], b.dev.positions[:tokens], meta)
+            hidden = self.model(d.input_ids, d.positions, meta)
             self.model.compute_logits(hidden[: sched.max_num_seqs]).softmax(-1)
         torch.cuda.synchronize(self.device)
         peak_without_kv = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
@@ -141,10 +148,14 @@ class ModelRunner:
                                "max_num_batched_tokens.")
         return int(budget)
 
-    def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> AttentionMetadata:
+    def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> tuple[SimpleNamespace, AttentionMetadata]:
         """Inputs for profiling and compiling: whole sequences of `lens` tokens (1: a decode row), each in
-        its own blocks."""
-        b, h, n, num_seqs = self.buffers, self.buffers.np, sum(lens), len(lens)
+        its own blocks. Returns the device arrays and the metadata."""
+        n, num_seqs = sum(lens), len(lens)
+        if self.device.type == "cuda":  # the last dummy step's copy may be queued still: its bytes must stay
+            torch.cuda.synchronize(self.device)
+        arrays = self.buffers.arrays(n, num_seqs)
+        h = arrays.np
         h.query_start_loc[: num_seqs + 1] = np.concatenate([[0], np.cumsum(lens)])
         h.seq_lens[:num_seqs] = lens
         h.block_tables[:num_seqs, :blocks_per_seq] = np.arange(num_seqs * blocks_per_seq).reshape(num_seqs, -1)
@@ -154,8 +165,8 @@ class ModelRunner:
         h.positions[:n] = pos
         h.slot_mapping[:n] = h.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size \
             + pos % self.block_size
-        b.upload_batch(n, num_seqs)
-        return self._metadata(len(lens), n, max(lens), max(lens))
+        self.buffers.upload(arrays)
+        return arrays.dev, self._metadata(arrays, max(lens), max(lens))
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         c = self.model_cfg
@@ -193,9 +204,8 @@ class ModelRunner:
         sizes = [2 ** k for k in range(self.max_num_seqs.bit_length())] + [self.max_num_seqs]
         with torch.inference_mode():
             for size in sorted(set(sizes)):
-                meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
-                d = self.buffers.dev
-                hidden = self.model(d.input_ids[: size + 1], d.positions[: size + 1], meta)
+                d, meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
+                hidden = self.model(d.input_ids, d.positions, meta)
                 self.model.compute_logits(hidden[:size])  # the LM head at this many rows
                 logits = torch.zeros(size, vocab, device=self.device)
                 temperature = torch.ones(size, device=self.device)
@@ -206,36 +216,48 @@ class ModelRunner:
         logger.info("compiled the kernels' variants in %.1f s", time.perf_counter() - start)
 
     def capture_cuda_graphs(self) -> None:
-        """Capture the decode step's forward pass for batch sizes 1, 2, 4, 8, 16, 24, ... up to
+        """Capture the decode step's forward pass and LM head for batch sizes 1, 2, 4, 8, 16, 24, ... up to
         max_num_seqs; a decode batch then runs padded to the next size with one launch. Largest first,
-        so that every graph fits in the memory pool the first one reserved."""
+        so that every graph fits in the memory pool the first one reserved. Every graph writes its logits
+        into one buffer of the largest size (a step's logits are sampled before the next step replays a
+        graph), so the graphs' logits take [max_num_seqs, vocab] float32 in all."""
         if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_cuda_graphs:
             return
         start = time.perf_counter()
         sizes = sorted({s for s in [1, 2, 4, *range(8, self.max_num_seqs + 1, 8)] if s <= self.max_num_seqs}
                        | {self.max_num_seqs}, reverse=True)
-        b, pool = self.buffers, None
-        run = lambda size, meta: self.model(b.dev.input_ids[:size], b.dev.positions[:size], meta)
-        metas = {}
+        b, steps = self.buffers, {}
+        self._graph_logits = torch.empty(sizes[0], self.model_cfg.vocab_size, dtype=torch.float32, device=self.device)
         with torch.inference_mode():
             # Every size runs once eagerly before any capture: kernels compile, and backend workspaces
             # reach their final size (a buffer reallocated after a capture would leave a graph pointing at
             # freed memory).
             for size in sizes:
-                b.pad_decode(0, size)
-                b.upload_batch(size, size)
-                metas[size] = self._metadata(size, size, 1, 1, cuda_graph=True)
-                run(size, metas[size])
-            torch.cuda.synchronize(self.device)
+                arrays = b.arrays(size, size)
+                pad_decode(arrays.np, 0, size)
+                b.upload(arrays)
+                steps[size] = (arrays.dev, self._metadata(arrays, 1, 1, cuda_graph=True))
+                self._graph_forward(size, *steps[size])
+                torch.cuda.synchronize(self.device)  # before the host bytes of the next size are written
+            pool = None
             for size in sizes:
                 graph = torch.cuda.CUDAGraph()
-                self.backend.prepare(metas[size])
+                self.backend.prepare(steps[size][1])
                 with torch.cuda.graph(graph, pool=pool):
-                    hidden = run(size, metas[size])
+                    hidden = self._graph_forward(size, *steps[size])
                 pool = graph.pool()
                 self.graphs[size] = (graph, hidden)
+        self._graph_for = [next((s for s in reversed(sizes) if s >= n), None) for n in range(self.max_num_seqs + 1)]
         logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(sizes), sizes[0],
                     time.perf_counter() - start)
+
+    def _graph_forward(self, size: int, d: SimpleNamespace, meta: AttentionMetadata) -> torch.Tensor:
+        """What a decode graph runs: the model over `size` rows, then the LM head of all of them into
+        `_graph_logits` (compute_logits is lm_head(hidden).float(): copy_ into the float32 buffer does the
+        conversion in the one kernel .float() would). Returns the hidden states."""
+        hidden = self.model(d.input_ids, d.positions, meta)
+        self._graph_logits[:size].copy_(self.model.lm_head(hidden))
+        return hidden
 
     # -- one step -------------------------------------------------------------------------------------------------
 
@@ -247,36 +269,43 @@ class ModelRunner:
         self._move_blocks(batch)
         self.buffers.flip()
         inputs = self._prepare(batch)
-        b = self.buffers
-        if inputs.num_pending:
-            dst, src = b.dev.pending_dst[: inputs.num_pending], b.dev.pending_src[: inputs.num_pending]
-            b.dev.input_ids.index_copy_(0, dst, self._last_sampled.index_select(0, src).long())
-        logits_indices = b.dev.logits_indices[: inputs.num_logits]
-        if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
-            self.step_sender.send(batch, inputs.num_tokens, inputs.graph_size, inputs.meta, logits_indices)
-        logits = self.run_forward(inputs.num_tokens, inputs.graph_size, inputs.meta, logits_indices)
+        d = inputs.arrays.dev
+        n = inputs.num_pending
+        if n and inputs.pending_in_order:  # decode of the previous step's batch: row i takes its row i
+            d.input_ids[:n].copy_(self._last_sampled[:n])
+        elif n:
+            d.input_ids.index_copy_(0, d.pending_dst[:n], self._last_sampled.index_select(0, d.pending_src[:n]))
         num_sample = len(inputs.rows)
-        out = self.sampler(logits[:num_sample], inputs.sampling)
+        logits_rows = num_sample if inputs.first_rows else d.logits_indices
+        if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
+            self.step_sender.send(batch, inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
+        logits = self.run_forward(inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
+        out = self.sampler(logits if inputs.first_rows else logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
         prompt_lp = None
         if inputs.prompt_lp_k >= 0:
-            targets = b.dev.prompt_lp_targets[: inputs.num_logits - num_sample]
-            prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), targets, inputs.prompt_lp_k)
-        return InflightStep(batch, inputs, out, prompt_lp)
+            prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), d.prompt_lp_targets, inputs.prompt_lp_k)
+        tokens_host = None
+        if self._tokens_host:  # the side of two steps ago: its tokens have been read (LLMEngine.step)
+            self._tokens_host.reverse()
+            tokens_host = self._tokens_host[0][:num_sample]
+        return InflightStep(batch, inputs, out, prompt_lp, tokens_host)
 
-    def run_forward(self, num_tokens: int, graph_size: int | None, meta: AttentionMetadata,
-                    logits_indices: torch.Tensor) -> torch.Tensor:
+    def run_forward(self, arrays: StepArrays, graph_size: int | None, meta: AttentionMetadata,
+                    logits_rows: torch.Tensor | int) -> torch.Tensor:
         """The model over the uploaded inputs (the captured graph of `graph_size` rows, if any), then the
-        logits of the rows at `logits_indices`. Tensor-parallel workers run it too: its collectives (the
+        logits of the rows at the indices `logits_rows`, or of the first `logits_rows` rows (a view: no
+        gather; from a graph, its own LM head's). Tensor-parallel workers run it too: its collectives (the
         LM head's all-gather among them) need every rank."""
         graph = self.graphs.get(graph_size)
         if graph is not None:
             graph[0].replay()
+            if isinstance(logits_rows, int):
+                return self._graph_logits[:logits_rows]
             hidden = graph[1]
         else:
-            d = self.buffers.dev
-            hidden = self.model(d.input_ids[:num_tokens], d.positions[:num_tokens], meta)
-        return self.model.compute_logits(hidden[logits_indices])
+            hidden = self.model(arrays.dev.input_ids, arrays.dev.positions, meta)
+        return self.model.compute_logits(hidden[:logits_rows] if isinstance(logits_rows, int) else hidden[logits_rows])
 
     def _move_blocks(self, batch: ScheduledBatch) -> None:
         """Swaps and copy-on-write copies, before any of this step's writes."""
@@ -291,107 +320,162 @@ class ModelRunner:
             src, dst = zip(*batch.block_copies)
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
-    def _metadata(self, num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int,
+    def _metadata(self, arrays: StepArrays, max_query_len: int, max_seq_len: int,
                   cuda_graph: bool = False) -> AttentionMetadata:
-        """The step's attention metadata over the buffers, planned by the backend. `cuda_graph`: a padded
+        """The step's attention metadata over its arrays, planned by the backend. `cuda_graph`: a padded
         decode batch that a captured graph runs (a backend that plans into fixed buffers uses the graph's)."""
-        d, h = self.buffers.dev, self.buffers.host
+        d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
-            num_seqs=num_seqs, num_tokens=num_tokens, query_start_loc=d.query_start_loc[: num_seqs + 1],
-            seq_lens=d.seq_lens[:num_seqs], block_tables=d.block_tables[:num_seqs],
-            slot_mapping=d.slot_mapping[:num_tokens], max_query_len=max_query_len, max_seq_len=max_seq_len,
-            query_start_loc_cpu=h.query_start_loc[: num_seqs + 1], seq_lens_cpu=h.seq_lens[:num_seqs],
-            block_tables_cpu=h.block_tables[:num_seqs], cuda_graph=cuda_graph)
+            num_seqs=arrays.num_seqs, num_tokens=arrays.num_tokens, query_start_loc=d.query_start_loc,
+            seq_lens=d.seq_lens, block_tables=d.block_tables, slot_mapping=d.slot_mapping,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, query_start_loc_cpu=h.query_start_loc,
+            seq_lens_cpu=h.seq_lens, block_tables_cpu=h.block_tables, cuda_graph=cuda_graph)
         self.backend.prepare(meta)
         return meta
 
-    def _graph_size(self, num_seqs: int) -> int | None:
-        """The smallest captured batch size that holds `num_seqs` decode rows."""
-        return next((size for size in sorted(self.graphs) if size >= num_seqs), None)
-
     def _prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """Fill the host buffers for `batch` and queue their copies to the device. Vectorised over
-        tokens; the per-sequence Python left is reading each sequence's new token ids and sampling rows."""
-        bs, b, h = self.block_size, self.buffers, self.buffers.np
-        seqs, num_seqs = batch.seqs, len(batch)
-        num_tokens = np.asarray(batch.num_tokens, dtype=np.int32)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int32, count=num_seqs)
-        seq_lens = starts + num_tokens
-        total = int(num_tokens.sum())
-        qsl = h.query_start_loc[: num_seqs + 1]
-        qsl[0] = 0
-        np.cumsum(num_tokens, out=qsl[1:])
-        h.seq_lens[:num_seqs] = seq_lens
-        if total == num_seqs:  # decode: one token each
-            h.input_ids[:total] = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
+        """Fill the host buffers for `batch` and queue their copy to the device. Vectorised over tokens;
+        the per-sequence Python left is reading each sequence's new token ids and sampling rows."""
+        b, seqs, num_seqs = self.buffers, batch.seqs, len(batch)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=num_seqs)
+        t = _token_layout(batch.num_tokens, starts, self._arange)
+        graph_size = self._graph_for[num_seqs] if t.decode else None
+        rows, width, logits_indices = _sampling_rows(seqs, t.seq_lens, t.qsl)
+        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = _prompt_logprob_rows(seqs, starts, t.seq_lens, t.qsl)
+        # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
+        first_rows = t.decode and len(rows) == num_seqs and not prompt_lp_indices
+
+        num_logits = 0 if first_rows else len(rows) + len(prompt_lp_indices)
+        arrays = b.arrays(graph_size or t.total, graph_size or num_seqs, num_logits, len(prompt_lp_targets))
+        h = arrays.np
+        h.query_start_loc[: num_seqs + 1] = t.qsl
+        h.seq_lens[:num_seqs] = t.seq_lens
+        if t.decode:
+            ids = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
         else:
-            h.input_ids[:total] = np.concatenate([s.token_ids[x:y] for s, x, y in
-                                                  zip(seqs, starts.tolist(), seq_lens.tolist())])
-        seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
-        positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
-        h.positions[:total] = positions
-        self.block_tables.gather(seqs, h.block_tables)
-        h.slot_mapping[:total] = h.block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
-        # Tokens sampled by the previous step, not yet on the host: copied on the device from its output.
-        pending = np.flatnonzero(h.input_ids[:total] == PENDING_TOKEN)
-        h.pending_dst[: len(pending)] = pending
-        h.pending_src[: len(pending)] = [self._last_rows[seqs[i].seq_id] for i in seq_of_token[pending].tolist()]
-
-        max_query_len = int(num_tokens.max())
-        graph_size = self._graph_size(num_seqs) if max_query_len == 1 else None
+            ids = np.concatenate([s.token_ids[x:y] for s, x, y in zip(seqs, starts.tolist(), t.seq_lens.tolist())])
+        h.input_ids[: t.total] = ids
+        h.positions[: t.total] = t.positions
+        max_seq_len = int(t.seq_lens.max())
+        self.block_tables.gather(seqs, h.block_tables, -(-max_seq_len // self.block_size))
+        block, offset = np.divmod(t.positions, self.block_size)
+        slots = h.slot_mapping[: t.total]
+        np.multiply(h.block_tables[t.seq_of_token, block], self.block_size, out=slots, dtype=np.int64)
+        slots += offset
         if graph_size is not None:
-            b.pad_decode(num_seqs, graph_size)
-
-        # The sampling rows: every sequence whose last known token is in this step samples one token, and
-        # a first draw of an n > 1 request samples n (it forks into n sequences afterwards).
-        num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int32, num_seqs)
-        lens = np.fromiter((len(s.token_ids) for s in seqs), np.int32, num_seqs)
-        samples = np.flatnonzero(seq_lens == lens)
-        width = np.zeros(num_seqs, dtype=np.int64)
-        width[samples] = 1
-        for i in samples[seq_lens[samples] == num_prompt[samples]].tolist():  # first draws
-            width[i] = seqs[i].num_samples
-        out_pos = (seq_lens - num_prompt).tolist()
-        rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
-        logits_indices = np.repeat(qsl[1:] - 1, width)
-        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = [], [], -1
-        for i, s in enumerate(seqs):
-            if s.request.needs_prompt_logprobs:
-                # logits at prompt position p score prompt token p + 1
-                start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
-                prompt_lp_indices += range(qsl[i], qsl[i] + max(last - start, 0))
-                prompt_lp_targets += s.token_ids[start + 1: last + 1]
-                prompt_lp_k = max(prompt_lp_k, s.params.prompt_logprobs)
-        self._last_rows = {s.seq_id: r for r, (s, j, _) in enumerate(rows) if j == s.index}
-        num_logits = len(logits_indices) + len(prompt_lp_indices)
-        h.logits_indices[: len(logits_indices)] = logits_indices
-        h.logits_indices[len(logits_indices): num_logits] = prompt_lp_indices
-        h.prompt_lp_targets[: len(prompt_lp_targets)] = prompt_lp_targets
-        d = b.dev
+            pad_decode(h, num_seqs, graph_size)
+        num_pending, in_order = self._pending_tokens(ids, h, seqs, t)
+        self._last_seqs = [s if j == s.index else None for s, j, _ in rows]
+        if not first_rows:
+            h.logits_indices[: len(rows)] = logits_indices
+            h.logits_indices[len(rows):] = prompt_lp_indices
+        h.prompt_lp_targets[:] = prompt_lp_targets
         sampling = SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device,
-                                         (h.sampling_f32, h.sampling_i64, d.sampling_f32, d.sampling_i64))
-        b.upload_batch(graph_size or total, graph_size or num_seqs)
-        b.upload(logits_indices=num_logits, prompt_lp_targets=len(prompt_lp_targets), pending_dst=len(pending),
-                 pending_src=len(pending), sampling_f32=3, sampling_i64=3)
+                                         (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)))
+        b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self._metadata(graph_size or num_seqs, graph_size or total, max_query_len, int(seq_lens.max()),
-                              cuda_graph=graph_size is not None)
-        return StepInputs(num_tokens=total, graph_size=graph_size, meta=meta, num_logits=num_logits, rows=rows,
-                          width=width.tolist(), starts=starts.tolist(), sampling=sampling, num_pending=len(pending),
+        meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph_size is not None)
+        return StepInputs(arrays=arrays, graph_size=graph_size, meta=meta, rows=rows, width=width,
+                          starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
+                          first_rows=first_rows, one_row_each=len(rows) == num_seqs and all(width),
                           prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
+
+    def _pending_tokens(self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence],
+                        t: _Tokens) -> tuple[int, bool]:
+        """The input tokens sampled by the previous step, not yet on the host (copied on the device from its
+        output): how many, and whether they are simply its rows in order (the batch is the previous one,
+        decoding); otherwise their positions and rows are written to pending_dst / pending_src."""
+        if t.decode:
+            num_pending = ids.count(PENDING_TOKEN)
+            if num_pending == len(seqs) and seqs == self._last_seqs:
+                return num_pending, True
+            if not num_pending:
+                return 0, False
+        pending = np.flatnonzero(h.input_ids[: t.total] == PENDING_TOKEN)
+        if len(pending):
+            last_rows = {s.seq_id: r for r, s in enumerate(self._last_seqs) if s is not None}
+            h.pending_dst[: len(pending)] = pending
+            h.pending_src[: len(pending)] = [last_rows[seqs[i].seq_id] for i in t.seq_of_token[pending].tolist()]
+        return len(pending), False
+
+
+class _Tokens(NamedTuple):
+    """Where a step's tokens sit."""
+
+    total: int
+    decode: bool  # one token per sequence
+    max_query_len: int
+    seq_lens: np.ndarray  # per sequence: its length after this step
+    qsl: np.ndarray  # query_start_loc: per sequence, its first token's index; then the total
+    seq_of_token: np.ndarray  # per token: its sequence
+    positions: np.ndarray  # per token: its position in its sequence
+
+
+def _token_layout(num_tokens: list[int], starts: np.ndarray, arange: np.ndarray) -> _Tokens:
+    """`num_tokens` new tokens per sequence after its `starts` computed ones (`arange`: 0, 1, 2, ... long
+    enough). A decode step (the common one) needs no cumulative sums or repeats."""
+    num_seqs, total = len(num_tokens), sum(num_tokens)
+    if total == num_seqs:
+        return _Tokens(total, True, 1, starts + 1, arange[: num_seqs + 1], arange[:num_seqs], starts)
+    counts = np.array(num_tokens, dtype=np.int64)
+    qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(counts, out=qsl[1:])
+    seq_of_token = np.repeat(arange[:num_seqs], counts)
+    positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
+    return _Tokens(total, False, max(num_tokens), starts + counts, qsl, seq_of_token, positions)
+
+
+def _sampling_rows(seqs: list[Sequence], seq_lens: np.ndarray,
+                   qsl: np.ndarray) -> tuple[list[tuple[Sequence, int, int]], list[int], np.ndarray]:
+    """The sampling rows: every sequence whose last known token is in this step samples one token, and a
+    first draw of an n > 1 request samples n (it forks into n sequences afterwards). Returns the rows
+    (sequence, sample index, output position), each sequence's count of them and the rows' token indices."""
+    num_seqs = len(seqs)
+    num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int64, num_seqs)
+    lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
+    samples = np.flatnonzero(seq_lens == lens)
+    out_pos = (seq_lens - num_prompt).tolist()
+    first_draws = samples[seq_lens[samples] == num_prompt[samples]].tolist()
+    if len(samples) == num_seqs and not any(seqs[i].num_samples > 1 for i in first_draws):
+        rows = [(s, s.index, p) for s, p in zip(seqs, out_pos)]
+        return rows, [1] * num_seqs, qsl[1:] - 1
+    width = [0] * num_seqs
+    for i in samples.tolist():
+        width[i] = 1
+    for i in first_draws:
+        width[i] = seqs[i].num_samples
+    rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
+    return rows, width, np.repeat(qsl[1:] - 1, width)
+
+
+def _prompt_logprob_rows(seqs: list[Sequence], starts: np.ndarray, seq_lens: np.ndarray,
+                         qsl: np.ndarray) -> tuple[list[int], list[int], int]:
+    """For the requests that asked for prompt logprobs: the token indices whose logits score a prompt
+    token, those tokens, and the largest number of top logprobs asked (-1: none)."""
+    indices, targets, k = [], [], -1
+    for i, s in enumerate(seqs):
+        if s.request.needs_prompt_logprobs:
+            # logits at prompt position p score prompt token p + 1
+            start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
+            indices += range(qsl[i], qsl[i] + max(last - start, 0))
+            targets += s.token_ids[start + 1: last + 1]
+            k = max(k, s.params.prompt_logprobs)
+    return indices, targets, k
 
 
 @dataclass
 class StepInputs:
-    num_tokens: int
+    arrays: StepArrays  # the step's input arrays (host and device)
     graph_size: int | None  # the captured decode graph that runs this step, if any
     meta: AttentionMetadata
-    num_logits: int  # rows of logits: the sampled ones, then the prompt-logprob ones
     rows: list[tuple[Sequence, int, int]]  # per sampled row: (sequence, sample index, output position)
     width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)
     starts: list[int]  # per scheduled sequence: tokens computed before this step
     sampling: SamplingTensors
     num_pending: int  # input tokens taken from the previous step's samples on the device
+    pending_in_order: bool  # ... input row i from sample row i, for every row (pending_dst/src not filled)
+    first_rows: bool  # the logits rows are the first len(rows) rows of the hidden states (no logits_indices)
+    one_row_each: bool  # every sequence samples one token, in the batch's order
     prompt_lp_k: int  # -1: no prompt logprobs this step
 
 
@@ -400,11 +484,12 @@ class InflightStep:
     kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
 
     def __init__(self, batch: ScheduledBatch, inputs: StepInputs, out: SamplerOutput,
-                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None, tokens_host: torch.Tensor | None) -> None:
+        """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
         self.batch, self.inputs = batch, inputs
         to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
-        self._host = [to_host(t) for t in (out.token_ids, out.logprob_token_ids, out.logprobs,
-                                            *(prompt_lp or (None, None)))]
+        tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
+        self._host = [tokens, *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None))))]
         self._done = None
         if out.token_ids.is_cuda:
             self._done = torch.cuda.Event()
@@ -414,13 +499,22 @@ class InflightStep:
     def width(self) -> list[int]:
         return self.inputs.width
 
+    @property
+    def read_back_now(self) -> bool:
+        """The next step needs these tokens on the host: an n > 1 request forks, or a row has penalties."""
+        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.width, default=0) > 1
+
     def result(self) -> ModelRunnerOutput:
         if self._done is not None:
             self._done.synchronize()
         token_ids, lp_ids, lps, prompt_ids, prompt_vals = (None if t is None else t.tolist() for t in self._host)
         batch, inputs = self.batch, self.inputs
+        n = len(batch.seqs)
+        none: list[list] = [[]] * n  # (one shared empty list per sequence: read only)
+        if inputs.one_row_each and lps is None and prompt_ids is None:  # the common decode step
+            return ModelRunnerOutput([[t] for t in token_ids], none, none)
         sampled: list[list[int]] = [[] for _ in batch.seqs]
-        logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
+        logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs] if lps is not None else none
         index = {s.seq_id: i for i, s in enumerate(batch.seqs)}
         for r, (s, _, _) in enumerate(inputs.rows):
             i = index[s.seq_id]
@@ -428,8 +522,9 @@ class InflightStep:
             if lps is not None and s.params.logprobs is not None:
                 k = 1 + s.params.logprobs
                 logprobs[i].append(dict(zip(lp_ids[r][:k], lps[r][:k])))
-        prompt_logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs]
+        prompt_logprobs: list[list[Logprobs]] = none
         if prompt_ids is not None:
+            prompt_logprobs = [[] for _ in batch.seqs]
             r = 0
             for i, s in enumerate(batch.seqs):
                 if s.request.needs_prompt_logprobs:

@@ -95,13 +95,14 @@ class SamplingTensors:
 
     @classmethod
     def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device,
-              staging: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor] | None = None) -> SamplingTensors:
+              staging: tuple[np.ndarray, np.ndarray, tuple[torch.Tensor, ...]] | None = None) -> SamplingTensors:
         """rows: (sequence, sample index, output position) for each token to sample. `staging`: the model
-        runner's host arrays float32 [3, S] and int64 [3, S] and their device twins; the six per-row
-        arrays are written there and the caller copies them (two copies a step). Without it they are
+        runner's host arrays float32 [3, S] and int64 [3, S] and the device views of their first len(rows)
+        columns, row by row (temperature, top_p, min_p, top_k, seed, counter); the six per-row arrays are
+        written there and the caller copies them with the step's other inputs. Without it they are
         copied here. The rare penalty and bias tensors are always made here."""
         n = len(rows)
-        hf, hi, df, di = staging or (np.empty((3, n), np.float32), np.empty((3, n), np.int64), None, None)
+        hf, hi, dev_rows = staging or (np.empty((3, n), np.float32), np.empty((3, n), np.int64), None)
         reqs = [s.request for s, _, _ in rows]
         hf[:, :n] = np.array([r.sampling_floats for r in reqs], dtype=np.float32).reshape(n, 3).T
         ints = np.array([r.sampling_ints for r in reqs], dtype=np.int64).reshape(n, 3)
@@ -109,9 +110,11 @@ class SamplingTensors:
         hi[0, :n] = top_k
         hi[1, :n] = ints[:, 1]
         hi[2, :n] = [(pos << 20) | idx for _, idx, pos in rows]
-        if staging is None:
+        if dev_rows is None:
             df, di = torch.from_numpy(hf).to(dev), torch.from_numpy(hi).to(dev)
+            dev_rows = (*df, *di)
         sampled = hf[0, :n] > 0  # rows that draw (the others are greedy)
+        all_greedy = not sampled.any()  # (then the sampler takes the argmax, and no threshold is needed)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
         extras = [i for i, r in enumerate(reqs) if r.has_sampling_extras]
@@ -133,8 +136,8 @@ class SamplingTensors:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
         bias_cols = list(zip(*bias)) if bias else None
         return cls(
-            temperature=df[0, :n], top_p=df[1, :n], min_p=df[2, :n],
-            top_k=di[0, :n], seeds=di[1, :n], counters=di[2, :n],
+            temperature=dev_rows[0], top_p=dev_rows[1], min_p=dev_rows[2],
+            top_k=dev_rows[3], seeds=dev_rows[4], counters=dev_rows[5],
             presence_penalty=f32([p.presence_penalty for p in params]) if penalized else None,
             frequency_penalty=f32([p.frequency_penalty for p in params]) if penalized else None,
             repetition_penalty=f32([p.repetition_penalty for p in params]) if penalized else None,
@@ -143,11 +146,11 @@ class SamplingTensors:
             bias_rows=i64(bias_cols[0]) if bias else None,
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
-            all_greedy=not sampled.any(),
-            need_min_p=bool((hf[2, :n] > 0).any()),
+            all_greedy=all_greedy,
+            need_min_p=not all_greedy and bool((hf[2, :n] > 0).any()),
             max_logprobs=int(ints[:, 2].max(initial=-1)),
-            max_top_k=int(top_k[sampled & (top_k < vocab)].max(initial=0)),
-            need_top_p=bool((sampled & (hf[1, :n] < 1.0)).any()),
+            max_top_k=0 if all_greedy else int(top_k[sampled & (top_k < vocab)].max(initial=0)),
+            need_top_p=not all_greedy and bool((sampled & (hf[1, :n] < 1.0)).any()),
         )
 
 

@@ -5,8 +5,8 @@ Rank 0 schedules and prepares the step in its runner's input buffers as it would
      the host copies of query_start_loc and seq_lens (attention backends plan from them) and the block
      moves. Raw bytes, nothing pickled; and a worker waits for it in a blocking read, which no
      collective timeout cuts short however long the engine idles;
-  2. the filled prefixes of the device input arrays and the logits row indices, broadcast from rank 0
-     over the process group (device to device with NCCL).
+  2. the step's device inputs through the logits row indices, one packed region (see input_buffers.py),
+     in one broadcast from rank 0 over the process group (device to device with NCCL).
 Every rank then runs the same forward pass (or replays the same captured graph); the LM head gathers
 the vocabulary, and only rank 0 samples. The same pipe carries the two other messages: allocate the
 KV cache (rank 0 decides its size for all) and shut down.
@@ -25,17 +25,17 @@ import torch.distributed as dist
 
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata
-from heron.executor.input_buffers import InputBuffers
+from heron.executor.input_buffers import StepArrays
 
 if TYPE_CHECKING:
     from heron.executor.model_runner import ModelRunner
 
-HEADER_LEN = 10  # kind, then the fields of the kind (zeros where unused)
+HEADER_LEN = 11  # kind, then the fields of the kind (zeros where unused)
 
 
 class Msg(enum.IntEnum):
-    STEP = 0  # num_tokens, num_seqs, graph_size (0: eager), max_query_len, max_seq_len, logits rows,
-    #           swap-outs, swap-ins, block copies
+    STEP = 0  # num_tokens, num_seqs, graph_size (0: eager), max_query_len, max_seq_len, logits indices,
+    #           first logits rows (-1: the indices instead), swap-outs, swap-ins, block copies
     ALLOCATE = 1  # num_blocks, num_cpu_blocks: allocate the KV cache, then capture the CUDA graphs
     SHUTDOWN = 2
 
@@ -68,24 +68,22 @@ class Pipes:
 class StepSender:
     """Rank 0's side: called by the runner between preparing a step and running it."""
 
-    def __init__(self, buffers: InputBuffers, pipes: Pipes) -> None:
-        self.buffers = buffers
+    def __init__(self, pipes: Pipes) -> None:
         self.pipes = pipes
 
-    def send(self, batch: ScheduledBatch, num_tokens: int, graph_size: int | None, meta: AttentionMetadata,
-             logits_indices: torch.Tensor) -> None:
-        b = self.buffers
-        if graph_size:  # the padded rows go too: the graph reads all of them
-            num_tokens, num_seqs, max_query_len, max_seq_len = graph_size, graph_size, 1, 1
-        else:
-            num_seqs, max_query_len, max_seq_len = meta.num_seqs, meta.max_query_len, meta.max_seq_len
+    def send(self, batch: ScheduledBatch, arrays: StepArrays, graph_size: int | None, meta: AttentionMetadata,
+             logits_rows: torch.Tensor | int) -> None:
+        """The header and host lengths over the pipes, then the step's device inputs in one broadcast (the
+        padded rows of a graph's batch too: the graph reads all of them)."""
+        num_tokens, num_seqs = arrays.num_tokens, arrays.num_seqs
+        max_query_len, max_seq_len = (1, 1) if graph_size else (meta.max_query_len, meta.max_seq_len)
+        first = logits_rows if isinstance(logits_rows, int) else -1
         moves = (batch.swap_out, batch.swap_in, batch.block_copies)
         head = header(Msg.STEP, num_tokens, num_seqs, graph_size or 0, max_query_len, max_seq_len,
-                      len(logits_indices), *map(len, moves))
+                      len(arrays.dev.logits_indices), first, *map(len, moves))
         pairs = np.asarray([p for m in moves for p in m], dtype=np.int64).reshape(-1)
-        self.pipes.post(np.concatenate([head, b.np.query_start_loc[: num_seqs + 1], b.np.seq_lens[:num_seqs], pairs]))
-        for t in (*b.device_prefixes(num_tokens, num_seqs), logits_indices):
-            _broadcast(t)
+        self.pipes.post(np.concatenate([head, arrays.np.query_start_loc, arrays.np.seq_lens, pairs]))
+        dist.broadcast(arrays.shared, src=0)
 
 
 def serve_steps(runner: ModelRunner, conn: Connection) -> None:
@@ -107,22 +105,14 @@ def serve_steps(runner: ModelRunner, conn: Connection) -> None:
 
 @torch.inference_mode()
 def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
-    num_tokens, num_seqs, graph_size, max_query_len, max_seq_len, num_logits, *num_moves = fields
-    b = runner.buffers
-    b.np.query_start_loc[: num_seqs + 1] = rest[: num_seqs + 1]
-    b.np.seq_lens[:num_seqs] = rest[num_seqs + 1: 2 * num_seqs + 1]
+    num_tokens, num_seqs, graph_size, max_query_len, max_seq_len, num_logits, first, *num_moves = fields
+    arrays = runner.buffers.arrays(num_tokens, num_seqs, num_logits)
+    arrays.np.query_start_loc[:] = rest[: num_seqs + 1]
+    arrays.np.seq_lens[:] = rest[num_seqs + 1: 2 * num_seqs + 1]
     pairs = rest[2 * num_seqs + 1:].reshape(-1, 2).tolist()
     ends = np.cumsum(num_moves).tolist()
     runner._move_blocks(ScheduledBatch(swap_out=pairs[: ends[0]], swap_in=pairs[ends[0]: ends[1]],
                                        block_copies=pairs[ends[1]:]))
-    for t in b.device_prefixes(num_tokens, num_seqs):
-        _broadcast(t)
-    logits_indices = torch.empty(num_logits, dtype=torch.long, device=runner.device)
-    _broadcast(logits_indices)
-    meta = runner._metadata(num_seqs, num_tokens, max_query_len, max_seq_len, cuda_graph=graph_size > 0)
-    runner.run_forward(num_tokens, graph_size or None, meta, logits_indices)
-
-
-def _broadcast(t: torch.Tensor) -> None:
-    if t.numel():  # both sides know the sizes from the header, so an empty one is simply not sent
-        dist.broadcast(t, src=0)
+    dist.broadcast(arrays.shared, src=0)
+    meta = runner._metadata(arrays, max_query_len, max_seq_len, cuda_graph=graph_size > 0)
+    runner.run_forward(arrays, graph_size or None, meta, first if first >= 0 else arrays.dev.logits_indices)

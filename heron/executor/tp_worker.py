@@ -100,7 +100,7 @@ class TPWorkers:
         """Tell the workers the KV cache's size (they allocate it and capture their graphs while rank 0
         does the same), and have `runner` send them every step from now on."""
         self.pipes.post(header(Msg.ALLOCATE, num_blocks, num_cpu_blocks))
-        runner.step_sender = StepSender(runner.buffers, self.pipes)
+        runner.step_sender = StepSender(self.pipes)
 
     def run(self, fn: Callable[..., T], *args) -> T:
         """`fn(*args)` on rank 0 while the workers do their part (start-up, a step). If it fails, the ranks
