@@ -15,6 +15,9 @@ for s in $SECTIONS; do case $s in
   kernels) run kernels python3 -m heron.kernels.bench ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
   kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/executor/attention ;;
+  quick-tests)  # the GPU-only kernel tests of session 3's changes (all of kernel-tests takes ~5 min)
+    run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
+        tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
@@ -29,6 +32,9 @@ for s in $SECTIONS; do case $s in
   throughput)
     run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --save-result --result-name offline-qwen3-0.6b
+    run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
+  throughput-8b)
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
   throughput-hf)  # the 0.6B record with transformers generate on 32 of the requests (ratio_vs_hf >= 10)
