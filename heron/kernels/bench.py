@@ -78,17 +78,23 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
     if sweep:
         configs += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s)
                     for p, bn, w, s in itertools.product([1, 2, 4, 8], [32, 64, 128], [4, 8], [1, 2, 3])]
+    _time_configs(configs, lambda cfg: paged_decode_attention(q, cache, tables, lens, scale, out=out, **cfg),
+                  lambda t: f"{kv_bytes / t / 1e12:5.2f} TB/s", iters=50, best=sweep)
+
+
+def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> None:
+    """Time call(**cfg) per config by graph replay and print each with rate(seconds); configs that do not
+    compile (shared memory) are reported and skipped; `best`: print the five fastest."""
     results = []
     for cfg in configs:
-        fn = lambda cfg=cfg: paged_decode_attention(q, cache, tables, lens, scale, out=out, **cfg)  # noqa: E731
         try:
-            t = _time_graph(fn)
-        except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
+            t = _time_graph(lambda cfg=cfg: call(cfg), iters=iters)
+        except Exception as e:  # noqa: BLE001
             print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
             continue
         results.append((t, cfg))
-        print(f"  {cfg}: {t * 1e6:8.1f} us  {kv_bytes / t / 1e12:5.2f} TB/s")
-    if sweep and results:
+        print(f"  {cfg}: {t * 1e6:8.1f} us  {rate(t)}")
+    if best and results:
         results.sort(key=lambda r: r[0])
         print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
 
@@ -120,20 +126,9 @@ def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, swe
         if sweep:
             configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s)
                         for m, n, w, s in itertools.product([64, 128, 256], [32, 64, 128], [4, 8], [2, 3])]
-        results = []
-        for cfg in configs:
-            fn = lambda cfg=cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale, out=out,  # noqa
-                                                         **cfg)
-            try:
-                t = _time_graph(fn, iters=10)
-            except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
-                print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
-                continue
-            results.append((t, cfg))
-            print(f"  {cfg}: {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
-        if sweep and results:
-            results.sort(key=lambda r: r[0])
-            print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
+        _time_configs(configs, lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale,
+                                                                   out=out, **cfg),
+                      lambda t: f"{flops / t / 1e12:6.1f} TFLOP/s", iters=10, best=sweep)
         if not any(prefix):
             qs = q.view(b, q_len, num_heads, head_dim).transpose(1, 2)
             ks = torch.randn(b, num_kv_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
