@@ -14,8 +14,8 @@ from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_ca
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.paged_decode import (_paged_decode_kernel, make_decode_workspace,  # noqa: E402
                                         paged_decode_attention, paged_decode_ref)
-from heron.models.layers import write_kv_torch  # noqa: E402
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
+from heron.models.layers import write_kv_torch  # noqa: E402
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
