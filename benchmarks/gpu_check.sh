@@ -24,6 +24,7 @@ for s in $SECTIONS; do case $s in
   gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
+  profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
         --result-name latency-qwen3-0.6b-bs1

@@ -1,9 +1,11 @@
 """Where one engine step's time goes on the GPU: each phase timed with a device sync around it (so the
 phases add up to the step, without overlap), for a batch-1 decode and a batch-256 decode (a decode step's
 LM head runs inside its CUDA graph: "forward+rest" holds it); then, without
-the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the host-side gaps between them.
+the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the host-side gaps between them;
+the kernels of a prefill step (one 128-token prompt, the latency benchmark's TTFT; and a full 8192-token
+chunk); and the offline benchmark's workload step by step (wall time by kind of step and batch size).
 
-    python benchmarks/gpu_profile.py SHAPE_DIR
+    python benchmarks/gpu_profile.py SHAPE_DIR [--skip-decode]
 """
 
 from __future__ import annotations
@@ -82,13 +84,83 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
         engine.step()
 
 
-def main(shape_dir: str) -> None:
+def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
+    """GPU kernels and wall time of the one step that prefills `num_prompts` prompts of `prompt_len` tokens."""
+    engine = llm.engine
+    g = torch.Generator().manual_seed(2)
+    for i in range(num_prompts):
+        engine.add_request(f"f{prompt_len}-{i}", torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
+                           SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY))
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        engine.step()
+        launched = time.perf_counter() - start
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    gpu = sum(e.device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"prefill step, {num_prompts} x {prompt_len} tokens: wall {1000 * wall:.2f} ms (host returned after "
+          f"{1000 * launched:.2f} ms, under the profiler), GPU kernels {gpu:.2f} ms, {kernels} kernel launches")
+    print(events.table(sort_by="device_time_total", row_limit=12))
+    while engine.has_unfinished():
+        engine.step()
+
+
+def timeline(llm: LLM) -> None:
+    """The offline benchmark's workload (256 requests, 100-1024 in / out) step by step: the wall time
+    between step returns (the pipelined steady state), summed by kind of step and decode batch size."""
+    from heron.bench.datasets import random_token_requests
+
+    engine = llm.engine
+    shapes: list[tuple[int, int]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        batch = schedule()
+        shapes.append((len(batch), batch.total_tokens))
+        return batch
+
+    engine.scheduler.schedule = recording
+    for i, r in enumerate(random_token_requests()):
+        engine.add_request(f"t{i}", r.prompt_token_ids, SamplingParams(temperature=0.6, max_tokens=r.output_len,
+                           ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY))
+    torch.cuda.synchronize()
+    times, start = [], time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        now = time.perf_counter()
+        times.append(now - start)
+        start = now
+    engine.scheduler.schedule = schedule
+    buckets: dict[str, list[float]] = collections.defaultdict(list)
+    for (seqs, tokens), t in zip(shapes, times):
+        kind = "decode" if tokens == seqs else "prefill/mixed"
+        key = f"{kind} {min(256, 1 << (seqs - 1).bit_length()) if kind == 'decode' else tokens // 1024 * 1024:>5}"
+        buckets[key].append(t)
+    total = sum(times)
+    print(f"offline workload: {len(times)} steps, {total:.2f} s; by kind (decode: batch size up to; prefill/mixed: "
+          f"tokens from):")
+    for key in sorted(buckets):
+        ts = buckets[key]
+        print(f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
+              f"{1000 * sum(ts) / len(ts):8.2f} ms/step")
+
+
+def main(shape_dir: str, skip_decode: bool) -> None:
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096)
-    for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
-        profile(llm, batch, 512, 64, temperature)
-    kernel_table(llm, 256, 512, 10)
-    kernel_table(llm, 1, 128, 20)
+    if not skip_decode:
+        for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
+            profile(llm, batch, 512, 64, temperature)
+        kernel_table(llm, 256, 512, 10)
+        kernel_table(llm, 1, 128, 20)
+    prefill_table(llm, 1, 128)
+    prefill_table(llm, 1, 128)
+    prefill_table(llm, 16, 512)
+    timeline(llm)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--skip-decode" in sys.argv[2:])
