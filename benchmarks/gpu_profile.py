@@ -5,7 +5,7 @@ the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the hos
 the kernels of a prefill step (one 128-token prompt, the latency benchmark's TTFT; and a full 8192-token
 chunk); and the offline benchmark's workload step by step (wall time by kind of step and batch size).
 
-    python benchmarks/gpu_profile.py SHAPE_DIR [--skip-decode]
+    python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline; default all)
 """
 
 from __future__ import annotations
@@ -80,8 +80,23 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
     print(f"batch {batch} decode, {steps} steps: wall {1000 * wall / steps:.2f} ms/step, GPU kernels "
           f"{gpu / steps:.2f} ms/step (the rest is host time the GPU waits for)")
     print(events.table(sort_by="device_time_total", row_limit=15))
+    gap_table(prof, steps)
     while engine.has_unfinished():
         engine.step()
+
+
+def gap_table(prof, steps: int, rows: int = 12) -> None:
+    """Where the GPU idles between kernels: the idle time before each kernel, summed by (previous, next) kernel."""
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    gaps: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for prev, nxt in zip(kernels, kernels[1:]):
+        gaps[(prev.name[:40], nxt.name[:40])].append(max(0.0, nxt.time_range.start - prev.time_range.end))
+    total = sum(sum(v) for v in gaps.values())
+    print(f"idle between kernels: {total / 1e3 / steps:.3f} ms/step over {len(kernels) / steps:.0f} kernels/step; "
+          f"largest by (previous -> next):")
+    for (a, b), v in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        print(f"  {sum(v) / 1e3 / steps:7.3f} ms/step {len(v) / steps:6.1f}x {sum(v) / len(v):7.2f} us  {a} -> {b}")
 
 
 def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
@@ -149,18 +164,20 @@ def timeline(llm: LLM) -> None:
               f"{1000 * sum(ts) / len(ts):8.2f} ms/step")
 
 
-def main(shape_dir: str, skip_decode: bool) -> None:
+def main(shape_dir: str, parts: list[str]) -> None:
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096)
-    if not skip_decode:
+    if "phases" in parts:
         for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
             profile(llm, batch, 512, 64, temperature)
+    if "kernels" in parts:
         kernel_table(llm, 256, 512, 10)
         kernel_table(llm, 1, 128, 20)
-    prefill_table(llm, 1, 128)
-    prefill_table(llm, 1, 128)
-    prefill_table(llm, 16, 512)
-    timeline(llm)
+    if "prefill" in parts:
+        for num_prompts, prompt_len in ((1, 128), (1, 128), (16, 512)):  # the first 128 warms up
+            prefill_table(llm, num_prompts, prompt_len)
+    if "timeline" in parts:
+        timeline(llm)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--skip-decode" in sys.argv[2:])
+    main(sys.argv[1], sys.argv[2:] or ["phases", "kernels", "prefill", "timeline"])

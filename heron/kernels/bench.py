@@ -332,6 +332,8 @@ GEMV_MODELS = {
                    ("lm_head", 151936, 1024)),
     "Llama-3.1-8B": (32, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
                           ("down", 4096, 14336)], ("lm_head", 128256, 4096)),
+    "Qwen3-8B": (36, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
+                 ("lm_head", 151936, 4096)),
 }
 GEMV_ROWS = (1, 8, 16, 64)  # 64: cuBLAS only, for scale
 
@@ -401,7 +403,7 @@ def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: 
 def bench_gemv(sweep: bool = False, only: str | None = None) -> None:
     """Decode GEMMs y = x @ W^T (bf16, M rows): heron.kernels.gemv with its default configs against F.linear
     (cuBLAS), both by CUDA-graph replay over rotating weight copies, for the per-layer matrices and the LM head
-    of Qwen3-0.6B and Llama-3.1-8B; then per model the sum over one decode step (layers x per-layer + head).
+    of Qwen3-0.6B, Llama-3.1-8B and Qwen3-8B; then per model the sum over one decode step (layers x per-layer + head).
     TB/s counts the weight bytes. `sweep`: also search `_gemv_candidates` per shape and print the best."""
     import torch.nn.functional as F
 
