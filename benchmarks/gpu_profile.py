@@ -75,14 +75,18 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
             engine.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    events = prof.key_averages()
-    gpu = sum(e.device_time_total for e in events) / 1e3
-    print(f"batch {batch} decode, {steps} steps: wall {1000 * wall / steps:.2f} ms/step, GPU kernels "
-          f"{gpu / steps:.2f} ms/step (the rest is host time the GPU waits for)")
-    print(events.table(sort_by="device_time_total", row_limit=15))
-    gap_table(prof, steps)
+    _print_kernels(prof, f"batch {batch} decode", wall, steps)
     while engine.has_unfinished():
         engine.step()
+
+
+def _print_kernels(prof, label: str, wall: float, steps: int) -> None:
+    """The GPU time by kernel of `steps` steps that took `wall` seconds, and the idle gaps between kernels."""
+    events = prof.key_averages()
+    gpu = sum(e.device_time_total for e in events) / 1e3
+    print(f"{label}, {steps} steps: wall {1000 * wall / steps:.2f} ms/step, GPU kernels {gpu / steps:.2f} ms/step")
+    print(events.table(sort_by="device_time_total", row_limit=15))
+    gap_table(prof, steps)
 
 
 def gap_table(prof, steps: int, rows: int = 12) -> None:
@@ -124,9 +128,11 @@ def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
         engine.step()
 
 
-def timeline(llm: LLM) -> None:
+def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: int = 8) -> None:
     """The offline benchmark's workload (256 requests, 100-1024 in / out) step by step: the wall time
-    between step returns (the pipelined steady state), summed by kind of step and decode batch size."""
+    between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
+    first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
+    kernels and idle gaps printed; the profiler slows those steps a little)."""
     from heron.bench.datasets import random_token_requests
 
     engine = llm.engine
@@ -144,11 +150,24 @@ def timeline(llm: LLM) -> None:
                            ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY))
     torch.cuda.synchronize()
     times, start = [], time.perf_counter()
+    pending, prof, left = sorted(profile_at, reverse=True), None, 0
     while engine.has_unfinished():
+        if prof is None and pending and shapes and shapes[-1][0] == shapes[-1][1] and shapes[-1][0] <= pending[0]:
+            pending.pop(0)
+            prof, left, first = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]), \
+                profile_steps, len(times)
+            prof.start()
         engine.step()
         now = time.perf_counter()
         times.append(now - start)
-        start = now
+        left -= 1
+        if prof is not None and left == 0:
+            torch.cuda.synchronize()
+            prof.stop()
+            _print_kernels(prof, f"decode steps from batch {shapes[first][0]} (context ~{_mean_context(engine):.0f})",
+                           sum(times[first:]), profile_steps)
+            prof = None
+        start = time.perf_counter()
     engine.scheduler.schedule = schedule
     buckets: dict[str, list[float]] = collections.defaultdict(list)
     for (seqs, tokens), t in zip(shapes, times):
@@ -162,6 +181,11 @@ def timeline(llm: LLM) -> None:
         ts = buckets[key]
         print(f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
               f"{1000 * sum(ts) / len(ts):8.2f} ms/step")
+
+
+def _mean_context(engine) -> float:
+    running = engine.scheduler.running
+    return sum(len(s.token_ids) for s in running) / max(1, len(running))
 
 
 def main(shape_dir: str, parts: list[str]) -> None:

@@ -84,6 +84,7 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
     (1, 4096, 4096): GemvConfig(16, 512, 1, num_warps=4, num_stages=4, dot=False),  # 10.8 / 11.7
     (1, 4096, 14336): GemvConfig(16, 512, 1, num_warps=4, num_stages=4, dot=False),  # 30.1 / 31.4
     (1, 28672, 4096): GemvConfig(32, 256, 1, num_warps=4, num_stages=2, dot=False),  # 56.9 / 59.3
+    (1, 4096, 12288): GemvConfig(8, 512, 1, num_warps=4, num_stages=3, dot=False),  # 26.2 / 27.6 (3126b8a)
     (16, 1024, 2048): GemvConfig(32, 128, 4, num_warps=4, num_stages=4),  # 5.0 / 6.1
     (16, 1024, 3072): GemvConfig(32, 128, 8, num_warps=4, num_stages=3),  # 5.4 / 6.1
     (16, 4096, 1024): GemvConfig(32, 128, 1, num_warps=4, num_stages=4),  # 5.1 / 6.3
@@ -91,6 +92,8 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
     (16, 4096, 4096): GemvConfig(64, 256, 2, num_warps=4, num_stages=3),  # 11.7 / 15.0
     (16, 6144, 4096): GemvConfig(64, 256, 1, num_warps=4, num_stages=4),  # 15.1 / 18.4
     (16, 4096, 14336): GemvConfig(64, 256, 2, num_warps=4, num_stages=4),  # 31.6 / 35.7
+    (16, 4096, 12288): GemvConfig(64, 256, 2, num_warps=4, num_stages=4),  # 28.0 / 32.1 (3126b8a)
+    (16, 24576, 4096): GemvConfig(64, 128, 1, num_warps=4, num_stages=3),  # 50.2 / 52.1 (3126b8a)
     (16, 151936, 1024): GemvConfig(128, 128, 1, num_warps=4, num_stages=3),  # 75.9 / 80.6 (M 8)
 }
 
