@@ -1,5 +1,6 @@
-"""The inner step both attention kernels share: one tile of BLOCK_N keys/values gathered from the paged cache
-through a block-table row, folded into a running (online-softmax) accumulator.
+"""The decode kernel's inner step: one tile of BLOCK_N keys/values gathered from the paged cache through a
+block-table row, folded into a running (online-softmax) accumulator. The prefill kernel has a copy with candidate
+variants (paged_prefill._attend_keys); with its flags off it compiles to the same code.
 
 Scores are kept in the log2 domain: `qk_scale` is softmax_scale * log2(e), so exp2 replaces exp.
 """
