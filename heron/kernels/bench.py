@@ -211,14 +211,17 @@ def _variant_call(cfg: dict, q, cache, tables, lens, qsl, out):
     return lambda: paged_prefill_attention(q, cache, tables, lens, qsl, new_tokens, q.shape[2] ** -0.5, out=out, **kw)
 
 
-def bench_prefill_variants(batch: int = 64) -> None:
-    """Times every PREFILL_VARIANTS entry on the `kernels` benchmark's prefill shape (CUDA-graph replay, as
-    bench_vs_flashinfer times ours) after checking its output against the default kernel's (max abs diff, the
-    bf16 bound of _agree); prints a table ranked by time, then times the five fastest and the default again
-    (a second pass, for noise and drift)."""
+SHORT_PROMPTS = dict(batch=16, min_len=0, max_len=0, new_tokens=512)  # a prefill step of fresh 512-token prompts
+
+
+def bench_prefill_variants(**shape) -> None:
+    """Times every PREFILL_VARIANTS entry on the `kernels` benchmark's prefill shape (or `shape`: arguments of
+    _kernels_prefill_inputs) by CUDA-graph replay, as bench_vs_flashinfer times ours, after checking its output
+    against the default kernel's (max abs diff, the bf16 bound of _agree); prints a table ranked by time, then
+    times the five fastest and the default again (a second pass, for noise and drift)."""
     dev = torch.device("cuda")
     start = time.perf_counter()
-    q, cache, tables, lens, qsl, flops = _kernels_prefill_inputs(dev, batch=batch)
+    q, cache, tables, lens, qsl, flops = _kernels_prefill_inputs(dev, **shape)
     print(f"prefill variants: {tuple(q.shape)} queries, {lens.shape[0]} sequences, {tuple(cache.shape)} cache")
     want = torch.empty_like(q)
     _variant_call({}, q, cache, tables, lens, qsl, want)()
@@ -662,7 +665,11 @@ def main() -> None:
         bench_vs_flashinfer(save=args.save_result, batch=args.batch)
         return
     if args.variants:
-        (compile_prefill_variants if args.compile_only else bench_prefill_variants)(batch=args.batch)
+        if args.compile_only:
+            compile_prefill_variants(batch=args.batch)
+        else:
+            bench_prefill_variants(batch=args.batch)
+            bench_prefill_variants(**SHORT_PROMPTS)
         return
     if args.prefill_only:
         bench_prefill(sweep=args.sweep)
