@@ -33,7 +33,7 @@ def make_llm(folder: Path, max_num_seqs: int) -> LLM:
     runner = llm.engine.runner
     logits = torch.zeros(max_num_seqs, CONFIG["vocab_size"])
     # no model: the rows' logits are fixed (every step samples token 0 greedily)
-    runner.run_forward = lambda num_tokens, graph_size, meta, rows: logits[: _num_rows(rows)]
+    runner.run_forward = lambda arrays, graph, meta, rows: logits[: _num_rows(rows)]
     return llm
 
 

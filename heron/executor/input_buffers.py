@@ -6,8 +6,8 @@ The buffer's start holds the arrays sized by max_num_seqs at fixed places (query
 the pending-token indices, the sampling rows); the arrays sized by the step follow, packed for its
 counts (`StepArrays`): input_ids, positions, slot_mapping and block_tables (for num_tokens, num_seqs),
 then logits_indices and prompt_lp_targets. A step copies the prefix it filled. The places of the arrays a
-captured decode graph reads depend only on its batch size, so every replay of a graph finds its inputs
-where the capture saw them; nothing is ever reallocated.
+captured graph reads depend only on its (num_tokens, num_seqs), so every replay of a graph finds its inputs
+where the capture saw them, however many logits rows the step has; nothing is ever reallocated.
 
 On a GPU the host side is pinned memory, and there are two of them, used in turn (`flip`): the engine
 prepares step t+1 while step t runs, and step t's copy may still be queued behind step t-1 then, so
@@ -157,16 +157,20 @@ class InputBuffers:
         return rows
 
 
-def pad_decode(h: SimpleNamespace, num_seqs: int, padded: int) -> None:
-    """Rows num_seqs..padded of a captured decode graph's arrays `h` (numpy, sized `padded`): no keys, no
-    cache write, harmless ids."""
-    if padded == num_seqs:
+def pad_to_graph(h: SimpleNamespace, num_tokens: int, num_seqs: int, key: tuple[int, int]) -> None:
+    """Fill the rows past a step's counts in the arrays `h` (numpy) of the captured graph `key` = (tokens,
+    seqs) that runs it: tokens with harmless ids and no cache write (slot -1), sequences with no keys. In a
+    decode graph each padded sequence owns its padded row (the decode kernel reads row b as sequence b); in
+    a prefill graph padded sequences own no rows (query_start_loc stays at the step's total), and the rows
+    past it belong to no sequence."""
+    tokens, seqs = key
+    if tokens == num_tokens and seqs == num_seqs:  # a full decode batch, the common step
         return
-    h.input_ids[num_seqs:padded] = 0
-    h.positions[num_seqs:padded] = 0
-    h.slot_mapping[num_seqs:padded] = -1
-    h.seq_lens[num_seqs:padded] = 0
-    h.query_start_loc[num_seqs + 1: padded + 1] = np.arange(num_seqs + 1, padded + 1)
+    h.input_ids[num_tokens:tokens] = 0
+    h.positions[num_tokens:tokens] = 0
+    h.slot_mapping[num_tokens:tokens] = -1
+    h.seq_lens[num_seqs:seqs] = 0
+    h.query_start_loc[num_seqs: seqs + 1] = np.arange(num_tokens, tokens + 1) if tokens == seqs else num_tokens
 
 
 class BlockTables:

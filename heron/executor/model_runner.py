@@ -21,7 +21,8 @@ from heron.distributed import get_tp_world_size
 from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor.attention import AttentionMetadata, get_backend_cls
-from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_decode
+from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
+from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
@@ -73,9 +74,9 @@ class ModelRunner:
         # and record an event each step).
         self._tokens_host = [torch.zeros(sched.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)] \
             if device.type == "cuda" else []
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> (graph, hidden)
-        self._graph_logits: torch.Tensor | None = None  # [largest graph, vocab] float32: the graphs' LM head
-        self._graph_for: list[int | None] = [None] * (sched.max_num_seqs + 1)  # decode rows -> graph size
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # key -> (graph, hidden)
+        self.graph_keys = GraphKeys([], [])  # the captured graphs' keys (none until capture_cuda_graphs)
+        self._graph_logits: torch.Tensor | None = None  # [largest decode graph, vocab] float32: their LM head
         self.step_sender: StepSender | None = None  # tensor parallelism, rank 0: hands each step to the others
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
@@ -194,7 +195,8 @@ class ModelRunner:
         step and the LM head at batch sizes 1, 2, 4, ..., max_num_seqs (the split-KV partition count, a
         compile-time constant of the decode kernel, is a power of two chosen from the batch size; the GEMV
         has a one-row and a many-row kernel), and the sampling kernel at as many row counts (its split plan
-        depends on them), with and without a logit threshold."""
+        depends on them), with and without a logit threshold. (What a captured graph's step picks compiles in
+        capture_cuda_graphs' eager runs, at start-up too.)"""
         if self.device.type != "cuda":
             return
         from heron.kernels.sampling import sample_tokens
@@ -216,47 +218,57 @@ class ModelRunner:
         logger.info("compiled the kernels' variants in %.1f s", time.perf_counter() - start)
 
     def capture_cuda_graphs(self) -> None:
-        """Capture the decode step's forward pass and LM head for batch sizes 1, 2, 4, 8, 16, 24, ... up to
-        max_num_seqs; a decode batch then runs padded to the next size with one launch. Largest first,
-        so that every graph fits in the memory pool the first one reserved. Every graph writes its logits
-        into one buffer of the largest size (a step's logits are sampled before the next step replays a
-        graph), so the graphs' logits take [max_num_seqs, vocab] float32 in all."""
+        """Capture the forward pass of every step shape graph_keys.py lists: decode batches (with their LM
+        head) and, where the attention backend can replay any mix of rows, small prefill and mixed steps
+        (their logits rows vary in number: gathered and projected after the replay, as in an eager step). A
+        step then runs padded to its graph's counts with one launch. Largest first, so that every graph fits
+        in the memory pool the first ones reserved. The decode graphs write their logits into one buffer of
+        the largest size (a step's logits are sampled before the next step replays a graph), so they take
+        [largest decode batch, vocab] float32 in all."""
         if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_cuda_graphs:
             return
         start = time.perf_counter()
-        sizes = sorted({s for s in [1, 2, 4, *range(8, self.max_num_seqs + 1, 8)] if s <= self.max_num_seqs}
-                       | {self.max_num_seqs}, reverse=True)
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved(self.device)
+        keys = GraphKeys.plan(self.max_num_seqs, self.config.scheduler.max_num_batched_tokens,
+                              self.backend.supports_prefill_cuda_graphs)
         b, steps = self.buffers, {}
-        self._graph_logits = torch.empty(sizes[0], self.model_cfg.vocab_size, dtype=torch.float32, device=self.device)
+        self._graph_logits = torch.empty(keys.decode_sizes[-1], self.model_cfg.vocab_size, dtype=torch.float32,
+                                         device=self.device)
         with torch.inference_mode():
-            # Every size runs once eagerly before any capture: kernels compile, and backend workspaces
-            # reach their final size (a buffer reallocated after a capture would leave a graph pointing at
-            # freed memory).
-            for size in sizes:
-                arrays = b.arrays(size, size)
-                pad_decode(arrays.np, 0, size)
+            # Every graph's step runs once eagerly before any capture: kernels compile (the prefill graphs'
+            # attention variants among them), and backend and GEMV workspaces reach their final size (a buffer
+            # reallocated after a capture would leave a graph pointing at freed memory).
+            for key in keys.all():
+                arrays = b.arrays(*key)
+                pad_to_graph(arrays.np, 0, 0, key)
                 b.upload(arrays)
-                steps[size] = (arrays.dev, self._metadata(arrays, 1, 1, cuda_graph=True))
-                self._graph_forward(size, *steps[size])
-                torch.cuda.synchronize(self.device)  # before the host bytes of the next size are written
+                query_len = 1 if is_decode(key) else key[0]  # a prefill graph's grids cover all its tokens
+                steps[key] = (arrays.dev, self._metadata(arrays, query_len, query_len, cuda_graph=True))
+                self._graph_forward(key, *steps[key])
+                torch.cuda.synchronize(self.device)  # before the host bytes of the next key are written
             pool = None
-            for size in sizes:
+            for key in keys.all():
                 graph = torch.cuda.CUDAGraph()
-                self.backend.prepare(steps[size][1])
+                self.backend.prepare(steps[key][1])
                 with torch.cuda.graph(graph, pool=pool):
-                    hidden = self._graph_forward(size, *steps[size])
+                    hidden = self._graph_forward(key, *steps[key])
                 pool = graph.pool()
-                self.graphs[size] = (graph, hidden)
-        self._graph_for = [next((s for s in reversed(sizes) if s >= n), None) for n in range(self.max_num_seqs + 1)]
-        logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(sizes), sizes[0],
-                    time.perf_counter() - start)
+                self.graphs[key] = (graph, hidden)
+        self.graph_keys = keys
+        torch.cuda.empty_cache()
+        logger.info("captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens) in %.1f s; "
+                    "they hold %.0f MiB", len(self.graphs), keys.decode_sizes[-1],
+                    keys.prefill[-1][0] if keys.prefill else "no", time.perf_counter() - start,
+                    (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
 
-    def _graph_forward(self, size: int, d: SimpleNamespace, meta: AttentionMetadata) -> torch.Tensor:
-        """What a decode graph runs: the model over `size` rows, then the LM head of all of them into
+    def _graph_forward(self, key: GraphKey, d: SimpleNamespace, meta: AttentionMetadata) -> torch.Tensor:
+        """What a graph runs: the model over its rows; a decode graph then the LM head of all of them into
         `_graph_logits` (compute_logits is lm_head(hidden).float(): copy_ into the float32 buffer does the
         conversion in the one kernel .float() would). Returns the hidden states."""
         hidden = self.model(d.input_ids, d.positions, meta)
-        self._graph_logits[:size].copy_(self.model.lm_head(hidden))
+        if is_decode(key):
+            self._graph_logits[: key[0]].copy_(self.model.lm_head(hidden))
         return hidden
 
     # -- one step -------------------------------------------------------------------------------------------------
@@ -278,8 +290,8 @@ class ModelRunner:
         num_sample = len(inputs.rows)
         logits_rows = num_sample if inputs.first_rows else d.logits_indices
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
-            self.step_sender.send(batch, inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
-        logits = self.run_forward(inputs.arrays, inputs.graph_size, inputs.meta, logits_rows)
+            self.step_sender.send(batch, inputs.arrays, inputs.graph is not None, inputs.meta, logits_rows)
+        logits = self.run_forward(inputs.arrays, inputs.graph, inputs.meta, logits_rows)
         out = self.sampler(logits if inputs.first_rows else logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
         prompt_lp = None
@@ -291,18 +303,18 @@ class ModelRunner:
             tokens_host = self._tokens_host[0][:num_sample]
         return InflightStep(batch, inputs, out, prompt_lp, tokens_host)
 
-    def run_forward(self, arrays: StepArrays, graph_size: int | None, meta: AttentionMetadata,
+    def run_forward(self, arrays: StepArrays, graph: GraphKey | None, meta: AttentionMetadata,
                     logits_rows: torch.Tensor | int) -> torch.Tensor:
-        """The model over the uploaded inputs (the captured graph of `graph_size` rows, if any), then the
-        logits of the rows at the indices `logits_rows`, or of the first `logits_rows` rows (a view: no
-        gather; from a graph, its own LM head's). Tensor-parallel workers run it too: its collectives (the
+        """The model over the uploaded inputs (replaying the captured graph `graph`, if any), then the logits
+        of the rows at the indices `logits_rows`, or of the first `logits_rows` rows of a decode step (a view:
+        no gather; from a graph, its own LM head's). Tensor-parallel workers run it too: its collectives (the
         LM head's all-gather among them) need every rank."""
-        graph = self.graphs.get(graph_size)
-        if graph is not None:
-            graph[0].replay()
+        captured = self.graphs.get(graph)
+        if captured is not None:
+            captured[0].replay()
             if isinstance(logits_rows, int):
                 return self._graph_logits[:logits_rows]
-            hidden = graph[1]
+            hidden = captured[1]
         else:
             hidden = self.model(arrays.dev.input_ids, arrays.dev.positions, meta)
         return self.model.compute_logits(hidden[:logits_rows] if isinstance(logits_rows, int) else hidden[logits_rows])
@@ -322,8 +334,8 @@ class ModelRunner:
 
     def _metadata(self, arrays: StepArrays, max_query_len: int, max_seq_len: int,
                   cuda_graph: bool = False) -> AttentionMetadata:
-        """The step's attention metadata over its arrays, planned by the backend. `cuda_graph`: a padded
-        decode batch that a captured graph runs (a backend that plans into fixed buffers uses the graph's)."""
+        """The step's attention metadata over its arrays, planned by the backend. `cuda_graph`: a batch padded
+        to a captured graph's counts (a backend that plans into fixed buffers uses the graph's)."""
         d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
             num_seqs=arrays.num_seqs, num_tokens=arrays.num_tokens, query_start_loc=d.query_start_loc,
@@ -339,14 +351,14 @@ class ModelRunner:
         b, seqs, num_seqs = self.buffers, batch.seqs, len(batch)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=num_seqs)
         t = _token_layout(batch.num_tokens, starts, self._arange)
-        graph_size = self._graph_for[num_seqs] if t.decode else None
+        graph = self.graph_keys.for_step(t.total, num_seqs, t.decode)
         rows, width, logits_indices = _sampling_rows(seqs, t.seq_lens, t.qsl)
         prompt_lp_indices, prompt_lp_targets, prompt_lp_k = _prompt_logprob_rows(seqs, starts, t.seq_lens, t.qsl)
         # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
         first_rows = t.decode and len(rows) == num_seqs and not prompt_lp_indices
 
         num_logits = 0 if first_rows else len(rows) + len(prompt_lp_indices)
-        arrays = b.arrays(graph_size or t.total, graph_size or num_seqs, num_logits, len(prompt_lp_targets))
+        arrays = b.arrays(*(graph or (t.total, num_seqs)), num_logits, len(prompt_lp_targets))
         h = arrays.np
         h.query_start_loc[: num_seqs + 1] = t.qsl
         h.seq_lens[:num_seqs] = t.seq_lens
@@ -362,8 +374,8 @@ class ModelRunner:
         slots = h.slot_mapping[: t.total]
         np.multiply(h.block_tables[t.seq_of_token, block], self.block_size, out=slots, dtype=np.int64)
         slots += offset
-        if graph_size is not None:
-            pad_decode(h, num_seqs, graph_size)
+        if graph is not None:
+            pad_to_graph(h, t.total, num_seqs, graph)
         num_pending, in_order = self._pending_tokens(ids, h, seqs, t)
         self._last_seqs = [s if j == s.index else None for s, j, _ in rows]
         if not first_rows:
@@ -374,8 +386,8 @@ class ModelRunner:
                                          (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)))
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph_size is not None)
-        return StepInputs(arrays=arrays, graph_size=graph_size, meta=meta, rows=rows, width=width,
+        meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph is not None)
+        return StepInputs(arrays=arrays, graph=graph, meta=meta, rows=rows, width=width,
                           starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
                           first_rows=first_rows, one_row_each=len(rows) == num_seqs and all(width),
                           prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
@@ -466,7 +478,7 @@ def _prompt_logprob_rows(seqs: list[Sequence], starts: np.ndarray, seq_lens: np.
 @dataclass
 class StepInputs:
     arrays: StepArrays  # the step's input arrays (host and device)
-    graph_size: int | None  # the captured decode graph that runs this step, if any
+    graph: GraphKey | None  # the captured graph that runs this step, if any
     meta: AttentionMetadata
     rows: list[tuple[Sequence, int, int]]  # per sampled row: (sequence, sample index, output position)
     width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)

@@ -1,8 +1,8 @@
 """The engine over two tensor-parallel ranks (rank 0 here, one gloo worker process) generates what one
 rank does, through chunked prefill (and a step with no logits rows), forks and their copy-on-write, prompt
-logprobs and preemption by swapping; a head count that does not divide is refused before anything starts;
-a worker that dies stops the engine with its rank and exit code, before the rendezvous, between steps or
-inside one, never a hang; shutdown leaves no process behind."""
+logprobs and preemption by swapping, also in steps padded to CUDA graphs' counts; a head count that does not
+divide is refused before anything starts; a worker that dies stops the engine with its rank and exit code,
+before the rendezvous, between steps or inside one, never a hang; shutdown leaves no process behind."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from heron.distributed import get_tp_world_size
 from heron.entrypoints.cli import build_parser
 from heron.entrypoints.openai.cli import serve_engine_config
 from heron.executor import tp_worker
+from heron.executor.graph_keys import GraphKeys
 
 # 12 blocks of 16 tokens for five sequences that grow to ~70 tokens: some are swapped out and back.
 ENGINE = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, block_size=16, swap_space=0.01)
@@ -66,6 +67,20 @@ def test_two_ranks_generate_what_one_does(arch, tiny_model_dir):
         llm.shutdown()
     assert all(p.exitcode == 0 for p in llm.engine.tp_workers.procs)
     assert get_tp_world_size() == 1
+
+
+def test_workers_follow_steps_padded_to_graph_counts(tiny_model_dir):
+    """Rank 0's steps padded as CUDA graphs run them (no graphs on the CPU: the padded arrays run eagerly on
+    every rank, each worker told by the step header which steps are graph steps)."""
+    path = tiny_model_dir("llama")
+    expected, _ = _generate(LLM(path, kv_cache_memory=_kv_memory("llama", 1), **ENGINE))
+    llm = _tp_llm(path)
+    try:
+        llm.engine.runner.graph_keys = GraphKeys.plan(ENGINE["max_num_seqs"], ENGINE["max_num_batched_tokens"],
+                                                      prefill=True)
+        assert _generate(llm)[0] == expected
+    finally:
+        llm.shutdown()
 
 
 def test_heads_that_do_not_divide_are_refused_before_any_worker_starts(tiny_model_dir):

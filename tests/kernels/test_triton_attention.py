@@ -344,3 +344,54 @@ def test_decode_step_replays_in_a_cuda_graph():
         assert torch.equal(cache, want_cache)
         ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim ** -0.5)
         assert_close(out, ref, torch.bfloat16, f"replay {step}")
+
+
+def _pad_to_graph(meta, tokens: int) -> None:
+    """`meta` (from make_batch, its padded sequences already there with no keys and no tokens) grown to a
+    prefill graph's counts as the runner pads it: `tokens` rows, the rows past its own writing nothing."""
+    pad = torch.full((tokens - meta.num_tokens,), -1, dtype=torch.int64, device=meta.slot_mapping.device)
+    meta.slot_mapping = torch.cat([meta.slot_mapping, pad])
+    meta.num_tokens, meta.max_query_len, meta.cuda_graph = tokens, tokens, True
+
+
+def test_triton_backend_plans_graph_steps():
+    """A captured prefill graph replays any mix of rows: always both kernels. Decode graphs stay decode."""
+    from heron.executor.attention.triton_backend import TritonAttentionBackend
+
+    gen = _gen(10)
+    prefill = make_batch([20, 9], [20, 3], 16, DEVICE, gen)
+    decode = make_batch([12, 40], [1, 1], 16, DEVICE, gen)
+    assert TritonAttentionBackend.plan(prefill) == "prefill"
+    _pad_to_graph(prefill, 32)
+    assert TritonAttentionBackend.plan(prefill) == "mixed"
+    decode.cuda_graph = True
+    assert TritonAttentionBackend.plan(decode) == "decode"
+
+
+@pytest.mark.parametrize("kind", ["prefill", "mixed"])
+def test_triton_backend_runs_a_padded_graph_batch(kind):
+    """A step padded to a prefill graph's (tokens, sequences): the real rows as the torch backend gives them,
+    padded sequences skipped by both kernels, and the rows past the step's tokens zeros (not garbage)."""
+    from heron.executor.attention.triton_backend import TritonAttentionBackend
+
+    gen = _gen(11)
+    num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
+    seq_lens = {"prefill": [20, 0, 0, 0], "mixed": [25, 30, 9, 0, 0]}[kind]
+    q_lens = {"prefill": [20, 0, 0, 0], "mixed": [1, 7, 9, 0, 0]}[kind]
+    meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
+    n, tokens = meta.num_tokens, 32
+    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
+    q = torch.randn(tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    write_kv_torch(k, v, cache, meta.slot_mapping)
+    scale = head_dim ** -0.5
+    want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q[:n].float(), cache.float(), meta)
+    _pad_to_graph(meta, tokens)
+    tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+    tri.num_partitions = 2 if not ON_GPU else None
+    tri.reserve(len(seq_lens), DEVICE)
+    tri.prepare(meta)
+    got = tri.forward(q, cache, meta)
+    assert_close(got[:n], want, dtype, kind)
+    assert torch.equal(got[n:], torch.zeros_like(got[n:]))

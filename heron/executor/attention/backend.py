@@ -33,14 +33,16 @@ class AttentionMetadata:
     # Host copy of the block tables [B, max_blocks] int32 (the runner's pinned buffer), for backends that
     # build their own page tables on the CPU (FlashInfer); only those need it.
     block_tables_cpu: torch.Tensor | None = None
-    # A decode batch padded to a captured CUDA graph's batch size: run eagerly before the capture, captured,
-    # or about to be replayed. Backends that plan into fixed device buffers (FlashInfer) use the graph's.
+    # A batch padded to a captured CUDA graph's counts (heron/executor/graph_keys.py): run eagerly before the
+    # capture, captured, or about to be replayed. Backends that plan into fixed device buffers (FlashInfer) use
+    # the graph's; a prefill graph (max_query_len > 1, captured at its token count) may replay any mix of rows.
     cuda_graph: bool = False
 
 
 class AttentionBackend(ABC):
     name: str
     supports_cuda_graphs = False  # a decode step can be captured: fixed grids, no host-side values
+    supports_prefill_cuda_graphs = False  # ... and any step, its grids fixed by the padded counts alone
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads

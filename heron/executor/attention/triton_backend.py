@@ -22,6 +22,7 @@ from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graphs = True
+    supports_prefill_cuda_graphs = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -42,6 +43,8 @@ class TritonAttentionBackend(AttentionBackend):
             return "empty"
         if meta.max_query_len <= 1:
             return "decode"
+        if meta.cuda_graph:
+            return "mixed"
         qsl = meta.query_start_loc_cpu
         has_decode = bool(((qsl[1:b + 1] - qsl[:b]) == 1).any())
         return "mixed" if has_decode else "prefill"
@@ -84,10 +87,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
-        out = torch.empty_like(q)
+        # A prefill graph's rows past the step's tokens belong to no sequence: zeros, not garbage. (A decode
+        # graph's padded rows are sequences without keys, which the decode kernel gives zeros: no memset.)
+        out = torch.zeros_like(q) if meta.cuda_graph and mode == "mixed" else torch.empty_like(q)
         b = meta.num_seqs
-        if q.shape[0] > meta.num_tokens:  # padded rows (a captured graph's batch): defined, not garbage
-            out[meta.num_tokens:].zero_()
         if mode == "empty":
             return out
         if mode == "decode":

@@ -1,0 +1,59 @@
+"""Which captured CUDA graph runs a step. A graph is keyed by the padded (num_tokens, num_seqs) of the arrays
+it reads (input_buffers.py: their places depend only on those two counts), so a step runs in a graph by
+being padded to its key.
+
+- Decode graphs (B, B): B one-token sequences, B in 1, 2, 4, 8, 16, 24, ... up to the largest decode step.
+- Prefill graphs (T, S): any step that is not a decode, of at most T tokens and S sequences (prefill chunks,
+  and prefill chunks beside decode rows). T in 16, 32, ..., 512 and the step cap under 512; S = min(T - 1, 8,
+  max_num_seqs): a step with a chunk of two tokens or more has at most T - 1 sequences, so S < T and the keys
+  never meet a decode graph's. The cap on S bounds the attention programs a small step wastes (both kernels'
+  grids have one row of programs per sequence slot; empty slots exit at once).
+Anything larger runs eagerly (each graph costs capture time at start-up and memory in the graphs' pool).
+"""
+
+from __future__ import annotations
+
+GraphKey = tuple[int, int]  # (num_tokens, num_seqs) of a captured step's padded arrays
+
+PREFILL_TOKENS = (16, 32, 64, 128, 256, 512)
+PREFILL_MAX_SEQS = 8
+
+
+def is_decode(key: GraphKey) -> bool:
+    return key[0] == key[1]
+
+
+class GraphKeys:
+    """The captured graphs' keys, and the one that runs a step (None: eager)."""
+
+    def __init__(self, decode_sizes: list[int], prefill: list[GraphKey]) -> None:
+        self.decode_sizes = sorted(decode_sizes)
+        self.prefill = sorted(prefill)
+        largest = max(self.decode_sizes, default=0)
+        self._decode_for = {n: next(s for s in self.decode_sizes if s >= n) for n in range(1, largest + 1)}
+
+    @classmethod
+    def plan(cls, max_num_seqs: int, max_num_batched_tokens: int, prefill: bool) -> GraphKeys:
+        """The keys worth capturing for these limits (a decode step has at most max_num_batched_tokens
+        sequences); `prefill`: the attention backend can replay any mix of rows (else decode graphs only)."""
+        top = min(max_num_seqs, max_num_batched_tokens)
+        decode = {s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top} | {top}
+        keys = []
+        if prefill:
+            cap = min(max_num_batched_tokens, PREFILL_TOKENS[-1])
+            for tokens in sorted({t for t in PREFILL_TOKENS if t < cap} | {cap}):
+                seqs = min(tokens - 1, PREFILL_MAX_SEQS, max_num_seqs)
+                if seqs >= 1:
+                    keys.append((tokens, seqs))
+        return cls(sorted(decode), keys)
+
+    def all(self) -> list[GraphKey]:
+        """Every key, largest first (the capture order: later graphs fit in the pool the first ones made)."""
+        return sorted([(s, s) for s in self.decode_sizes] + self.prefill, reverse=True)
+
+    def for_step(self, num_tokens: int, num_seqs: int, decode: bool) -> GraphKey | None:
+        """The smallest graph that holds the step, if any; `decode`: one token per sequence."""
+        if decode:
+            size = self._decode_for.get(num_seqs)
+            return None if size is None else (size, size)
+        return next((k for k in self.prefill if k[0] >= num_tokens and k[1] >= num_seqs), None)
