@@ -1,6 +1,7 @@
 """The decode kernel's inner step: one tile of BLOCK_N keys/values gathered from the paged cache through a
-block-table row, folded into a running (online-softmax) accumulator. The prefill kernel has a copy with candidate
-variants (paged_prefill._attend_keys); with its flags off it compiles to the same code.
+block-table row, folded into a running (online-softmax) accumulator. The prefill kernel has a loop of its own
+(paged_prefill._attend_keys: block-table reads one tile ahead, the scale inside the exponent's FMA), tuned
+for its register budget of two programs per SM.
 
 Scores are kept in the log2 domain: `qk_scale` is softmax_scale * log2(e), so exp2 replaces exp.
 """

@@ -9,10 +9,6 @@ just that, e.g. with --sweep).
 `python -m heron.kernels.bench --vs-flashinfer [--save-result]`: the recorded `kernels` benchmark, ours
 against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved as benchmarks/results/kernels.json.
 
-`python -m heron.kernels.bench --prefill-only --variants`: candidate prefill kernel variants (PREFILL_VARIANTS) on
-the `kernels` benchmark's prefill shape, checked against the default kernel and ranked by time; with
---compile-only, compiled for sm_90 on any machine instead (registers, spills, programs per SM).
-
 `python -m heron.kernels.bench --gemv [--sweep] [--only qwen|llama]`: the decode weight GEMMs, heron.kernels.gemv
 against cuBLAS (`bench_gemv`); --sweep searches gemv's configs per shape.
 """
@@ -145,180 +141,6 @@ def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, swe
             t = _time_graph(lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True),
                             iters=10)
             print(f"  torch SDPA (contiguous K/V, for scale): {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
-
-
-# Candidate changes of the paged prefill kernel (keywords of paged_prefill_attention; "seq_order": True stands for
-# the longest-first permutation), for one timing run: `python -m heron.kernels.bench --prefill-only --variants`.
-# The default (128 x 32 tiles, 8 warps) sits at exactly 128 registers, two programs per SM; most variants would
-# take a few more and fall to one, so they cap it (maxnreg 128: no spills, `--compile-only` checks).
-_FMA, _LAZY, _BT, _ORDER = dict(fma_softmax=True), dict(lazy_rescale=True), dict(bt_ahead=True), dict(seq_order=True)
-_R128 = dict(maxnreg=128)
-PREFILL_VARIANTS: list[dict] = [
-    {}, _FMA, {**_LAZY, **_R128}, {**_ORDER, **_R128}, {**_BT, **_R128},
-    dict(num_stages=3, **_R128), dict(num_stages=3, **_BT, **_R128), dict(num_stages=4, **_BT, **_R128),
-    {**_FMA, **_LAZY, **_R128},
-    dict(num_stages=3, **_FMA, **_BT, **_R128), dict(num_stages=4, **_FMA, **_BT, **_R128),
-    dict(num_stages=3, **_FMA, **_LAZY, **_BT, **_R128), dict(num_stages=3, **_FMA, **_BT, **_ORDER, **_R128),
-    dict(num_stages=3, **_FMA, **_LAZY, **_BT, **_ORDER, **_R128),
-    dict(num_stages=4, **_FMA, **_LAZY, **_BT, **_ORDER, **_R128),
-    dict(block_m=256, block_n=64, num_stages=3),  # the tile sweep's best (one program per SM, spills)
-    dict(block_m=256, block_n=64, num_stages=3, **_FMA, **_LAZY, **_BT, **_ORDER),
-    dict(block_m=128, block_n=64, num_stages=3, **_FMA, **_LAZY, **_BT, **_ORDER),
-]
-
-
-def _variant_kwargs(cfg: dict) -> dict:
-    """cfg over the GPU's default tile config for D 128, GQA 4 (explicit, so a CPU compile gets it too)."""
-    from heron.kernels.paged_prefill import default_prefill_config
-
-    return {**default_prefill_config(128, 4, torch.device("cuda")), **cfg}
-
-
-def _variant_name(cfg: dict) -> str:
-    """'128x32 w8 s2' (the default config's values where cfg leaves them) and the variant's flags."""
-    tile = _variant_kwargs(cfg)
-    flags = [short for k, short in (("fma_softmax", "fma"), ("lazy_rescale", "lazy"), ("bt_ahead", "bt_ahead"),
-                                    ("seq_order", "order")) if cfg.get(k)]
-    reg = [f"r{cfg['maxnreg']}"] if cfg.get("maxnreg") else []
-    return " ".join([f"{tile['block_m']}x{tile['block_n']} w{tile['num_warps']} s{tile['num_stages']}", *reg,
-                     "+".join(flags) or "-"])
-
-
-def _kernels_prefill_inputs(dev: torch.device, batch: int = 64, num_heads: int = 32, num_kv_heads: int = 8,
-                            head_dim: int = 128, block_size: int = 16, min_len: int = 1024, max_len: int = 2048,
-                            new_tokens: int = 256, seed: int = 0):
-    """bench_vs_flashinfer's prefill case, the same draws from its generator (contexts, then the decode case's
-    tables, then these): (q, cache, tables, seq_lens, query_start_loc, FLOPs of the causal attention)."""
-    gen = torch.Generator().manual_seed(seed)
-    ctx = torch.randint(min_len, max_len + 1, (batch,), generator=gen).tolist()
-    _tables(ctx, block_size, gen)  # the decode case's draw
-    seq_lens = [n + new_tokens for n in ctx]
-    cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
-    q = torch.randn(batch * new_tokens, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
-    qsl = torch.arange(0, (batch + 1) * new_tokens, new_tokens, dtype=torch.int32, device=dev)
-    keys = sum(new_tokens * n + new_tokens * (new_tokens + 1) // 2 for n in ctx)
-    return q, cache, tables, lens, qsl, 4 * num_heads * head_dim * keys
-
-
-def _variant_call(cfg: dict, q, cache, tables, lens, qsl, out):
-    """A call of the prefill kernel in variant cfg on the benchmark's inputs."""
-    from heron.kernels.paged_prefill import paged_prefill_attention
-
-    kw = _variant_kwargs(cfg)
-    if kw.pop("seq_order", False):  # longest first, as a backend would compute it from seq_lens_cpu
-        kw["seq_order"] = torch.argsort(lens.cpu(), descending=True, stable=True).to(torch.int32).to(lens.device)
-    new_tokens = q.shape[0] // lens.shape[0]
-    return lambda: paged_prefill_attention(q, cache, tables, lens, qsl, new_tokens, q.shape[2] ** -0.5, out=out, **kw)
-
-
-SHORT_PROMPTS = dict(batch=16, min_len=0, max_len=0, new_tokens=512)  # a prefill step of fresh 512-token prompts
-
-
-def bench_prefill_variants(**shape) -> None:
-    """Times every PREFILL_VARIANTS entry on the `kernels` benchmark's prefill shape (or `shape`: arguments of
-    _kernels_prefill_inputs) by CUDA-graph replay, as bench_vs_flashinfer times ours, after checking its output
-    against the default kernel's (max abs diff, the bf16 bound of _agree); prints a table ranked by time, then
-    times the five fastest and the default again (a second pass, for noise and drift)."""
-    dev = torch.device("cuda")
-    start = time.perf_counter()
-    q, cache, tables, lens, qsl, flops = _kernels_prefill_inputs(dev, **shape)
-    print(f"prefill variants: {tuple(q.shape)} queries, {lens.shape[0]} sequences, {tuple(cache.shape)} cache")
-    want = torch.empty_like(q)
-    _variant_call({}, q, cache, tables, lens, qsl, want)()
-    bound = 4e-2 + 2e-2 * want.float().abs().max().item()
-    out = torch.empty_like(q)
-    rows = []  # (seconds, max abs diff, cfg); NaN seconds: disagrees, not timed
-    for cfg in PREFILL_VARIANTS:
-        out.fill_(float("nan"))
-        try:
-            fn = _variant_call(cfg, q, cache, tables, lens, qsl, out)
-            fn()
-            diff = (out.float() - want.float()).abs().max().item()
-            t = _time_graph(fn, iters=10) if diff < bound else float("nan")  # a NaN diff fails too
-        except Exception as e:  # noqa: BLE001 - one variant that fails to compile or launch must not stop the run
-            print(f"  {_variant_name(cfg)}: failed ({type(e).__name__}: {str(e)[:200]})")
-            continue
-        rows.append((t, diff, cfg))
-        print(f"  {_variant_name(cfg):44s} {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s  max|diff| {diff:.3g}",
-              flush=True)
-    rows.sort(key=lambda r: (r[0] != r[0], r[0]))
-    t_def = next((t for t, _, cfg in rows if not cfg), float("nan"))
-    print(f"ranked (max|diff| vs the default kernel, bound {bound:.3g}):")
-    print(f"  {'variant':44s} {'us':>8s} {'TFLOP/s':>8s} {'x default':>9s} {'max|diff|':>9s}")
-    for t, diff, cfg in rows:
-        note = "" if t == t else "  (disagrees: not timed)"
-        print(f"  {_variant_name(cfg):44s} {t * 1e6:8.1f} {flops / t / 1e12:8.1f} {t_def / t:9.3f} {diff:9.3g}{note}")
-    again = [{}] + [cfg for t, _, cfg in rows[:5] if cfg and t == t]
-    times = [_time_graph(_variant_call(cfg, q, cache, tables, lens, qsl, out), iters=10) for cfg in again]
-    print("second pass:")
-    for cfg, t in zip(again, times):
-        print(f"  {_variant_name(cfg):44s} {t * 1e6:8.1f} {flops / t / 1e12:8.1f} {times[0] / t:9.3f}")
-    print(f"prefill variants: {time.perf_counter() - start:.0f} s")
-
-
-def _compile_sm90(kernel, args: tuple, kwargs: dict):
-    """Compile a @triton.jit kernel for an H100/H200 (sm_90) as a launch with these arguments would, on any
-    machine (ptxas ships with Triton): the JIT's own argument specialization (Triton 3.6 internals)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = triton.compiler.make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    src = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=target, options=options.__dict__)
-
-
-def _cubin_resources(cubin: bytes) -> dict:
-    """Registers per thread and spill stack/local bytes of a cubin, from the cuobjdump that ships with Triton."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
-
-
-def compile_prefill_variants(batch: int = 64) -> None:
-    """Compiles every PREFILL_VARIANTS entry for sm_90 with the benchmark's arguments, without a GPU, and
-    prints registers, spills (stack + local bytes: should be 0), shared memory and the programs per SM those
-    allow (64 K registers and 228 KB of shared memory per SM, 1 KB of it reserved per program)."""
-    from unittest import mock
-
-    from heron.kernels import paged_prefill
-
-    kernel = paged_prefill._paged_prefill_kernel
-    assert type(kernel).__name__ != "InterpretedFunction", "unset TRITON_INTERPRET to compile for a GPU"
-    q, cache, tables, lens, qsl, _ = _kernels_prefill_inputs(torch.device("cpu"), batch=batch)
-    launches = []
-    recorder = mock.MagicMock()
-    recorder.__getitem__.return_value = lambda *args, **kwargs: launches.append((args, kwargs))
-    print(f"{'variant':44s} {'regs':>4s} {'spill':>5s} {'smem KB':>7s} {'per SM':>6s} {'compile':>7s}")
-    for cfg in PREFILL_VARIANTS:
-        with mock.patch.object(paged_prefill, "_paged_prefill_kernel", recorder):
-            _variant_call(cfg, q, cache, tables, lens, qsl, torch.empty_like(q))()
-        args, kwargs = launches.pop()
-        start = time.perf_counter()
-        try:
-            compiled = _compile_sm90(kernel, args, kwargs)
-        except Exception as e:  # noqa: BLE001
-            print(f"{_variant_name(cfg):44s} failed: {type(e).__name__}: {str(e)[:300]}")
-            continue
-        res = _cubin_resources(compiled.asm["cubin"])
-        threads = 32 * compiled.metadata.num_warps
-        per_sm = min(65536 // (-(-res["reg"] // 8) * 8 * threads), (228 << 10) // (compiled.metadata.shared + 1024))
-        print(f"{_variant_name(cfg):44s} {res['reg']:4d} {res['stack'] + res['local']:5d} "
-              f"{compiled.metadata.shared / 1024:7.1f} {per_sm:6d} {time.perf_counter() - start:6.1f}s", flush=True)
 
 
 def _time_eager(fn, iters: int = 5) -> float:
@@ -653,23 +475,12 @@ def main() -> None:
                     help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
-    ap.add_argument("--variants", action="store_true",
-                    help="with --prefill-only: time the candidate prefill kernel variants (PREFILL_VARIANTS)")
-    ap.add_argument("--compile-only", action="store_true",
-                    help="with --variants: compile them for sm_90 (no GPU needed), print registers and spills")
     args = ap.parse_args()
     if args.gemv:
         bench_gemv(sweep=args.sweep, only=args.only)
         return
     if args.vs_flashinfer:
         bench_vs_flashinfer(save=args.save_result, batch=args.batch)
-        return
-    if args.variants:
-        if args.compile_only:
-            compile_prefill_variants(batch=args.batch)
-        else:
-            bench_prefill_variants(batch=args.batch)
-            bench_prefill_variants(**SHORT_PROMPTS)
         return
     if args.prefill_only:
         bench_prefill(sweep=args.sweep)

@@ -12,10 +12,13 @@ past their sequence's chunk (the grid is sized by the longest chunk) return at o
 
 `max_query_len` is a host int (AttentionMetadata has it): no device read-back.
 
-The key loop (`_attend_keys`, `_softmax_pv`) is the prefill kernel's own copy of attn_tile's step with
-candidate variants behind constexpr flags, all off by default (then it compiles to the shared step's code);
-`python -m heron.kernels.bench --prefill-only --variants` times them on a GPU. With `seq_order` the grid is
-(tiles, Hkv, B), sequences launched in that order.
+The key loop (`_attend_keys`) reads each tile's block-table entries one iteration ahead, so the K/V gathers
+never wait on a table read and the software pipeline spends its stages on K/V buffers; the online softmax
+scales inside the exponent's argument (`_softmax_pv`: one FMA per score). With 8 warps the kernel is held to
+128 registers, two programs per SM, so one program's softmax overlaps the other's matrix products. Against
+the previous loop (table read in the same iteration, scale then subtract, 2 stages): 1.09-1.10 x on the
+kernels benchmark's prefill, 1.06-1.09 x on fresh 512-token prompts (H200, docs/perf_notes.md run 15; a
+lazy rescale of the accumulator and a longest-first launch order were slower there).
 """
 
 from __future__ import annotations
@@ -28,20 +31,13 @@ from heron.kernels.attn_tile import LOG2E, dot_precision
 from heron.kernels.common import check_cache, dot_upcast
 
 
-RESCALE_LOG2 = tl.constexpr(8.0)  # LAZY_RESCALE's threshold: p <= 256
-
-
 @triton.jit
 def _kv_rows(bt_row_ptr, n0, kv_len, kv_head_off, stride_cblk, stride_coff,
-             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_LEN: tl.constexpr):
+             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     """int64 cache offsets of keys n0 .. n0 + BLOCK_N - 1 of one KV head: token n sits in block
-    bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE. MASK_LEN: keys >= kv_len read no table entry (block 0
-    stands in)."""
+    bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE. Keys >= kv_len read no table entry (block 0 stands in)."""
     n = n0 + tl.arange(0, BLOCK_N)
-    if MASK_LEN:
-        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n < kv_len, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE).to(tl.int64)
+    blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n < kv_len, other=0).to(tl.int64)
     return blk * stride_cblk + (n % BLOCK_SIZE) * stride_coff + kv_head_off
 
 
@@ -60,46 +56,20 @@ def _load_rows(cache_ptr, rows, n0, kv_len, HEAD_DIM: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _softmax_pv(acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.constexpr, MASK_LEN: tl.constexpr,
-                CAUSAL: tl.constexpr, FMA_SOFTMAX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+def _softmax_pv(acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 PRECISION: tl.constexpr):
     """Fold the raw scores s = q k^T [M, BLOCK_N] of keys n0.. and their values v into the online softmax
-    (log2 domain: qk_scale = softmax scale * log2 e). CAUSAL: row r sees keys n <= pos[r]. Every row has seen
-    an unmasked key before or in this tile (callers guarantee it), so the running max is finite.
-    FMA_SOFTMAX: scale inside the exponent's argument, p = exp2(s * qk_scale - m), one FMA per score instead
-    of a multiply and a subtraction. LAZY_RESCALE: keep a stale running max until some row's grows by more
-    than RESCALE_LOG2 (p <= 2**RESCALE_LOG2 meanwhile, exact after the final division): the [M, D]
-    accumulator rescale then runs only on the first tiles instead of on every one."""
-    n = n0 + tl.arange(0, BLOCK_N)
-    if not FMA_SOFTMAX:
-        s = s * qk_scale
-    if CAUSAL:
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-    if MASK_LEN:
-        s = tl.where((n < kv_len)[None, :], s, float("-inf"))
-    m_s = tl.max(s, 1)
-    if FMA_SOFTMAX:
-        m_s = m_s * qk_scale
-    if LAZY_RESCALE:
-        if tl.max(m_s - m_i, 0) > RESCALE_LOG2:  # CTA-uniform: rare after the first tiles
-            m_new = tl.maximum(m_i, m_s)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        m_new = m_i
-    else:
-        m_new = tl.maximum(m_i, m_s)
-        alpha = tl.exp2(m_i - m_new)
-    if FMA_SOFTMAX:
-        p = tl.exp2(s * qk_scale - m_new[:, None])
-    else:
-        p = tl.exp2(s - m_new[:, None])
-    if LAZY_RESCALE:
-        l_i = l_i + tl.sum(p, 1)
-    else:
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+    (log2 domain: qk_scale = softmax scale * log2 e; p = exp2(s * qk_scale - m), one FMA per score). MASKED:
+    row r sees keys n <= pos[r] and n < kv_len. Every row has seen an unmasked key before or in this tile
+    (callers guarantee it), so the running max is finite."""
+    if MASKED:
+        n = n0 + tl.arange(0, BLOCK_N)
+        s = tl.where((n[None, :] <= pos[:, None]) & (n < kv_len)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_new, l_i
 
@@ -108,50 +78,32 @@ def _softmax_pv(acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.cons
 def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, lo, hi, pos,
                  stride_cblk, stride_coff, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-                 LAZY_RESCALE: tl.constexpr, BT_AHEAD: tl.constexpr):
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """Fold keys lo .. hi - 1 (lo a multiple of BLOCK_N) into the accumulator, BLOCK_N at a time. MASKED: the
     tiles on the diagonal (causal mask, keys >= hi masked); else every key is seen by every row and hi is a
-    multiple of BLOCK_N. BT_AHEAD: read the next tile's block-table entries one iteration ahead (a loop-carried
-    register tile), so the K/V gathers do not wait on a table read: the pipeliner can then spend num_stages on
-    K/V buffers rather than on the table read."""
-    if BT_AHEAD:
-        rows = _kv_rows(bt_row, lo, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N, True)
+    multiple of BLOCK_N. The next tile's cache rows are computed one iteration ahead (a loop-carried tile)."""
+    rows = _kv_rows(bt_row, lo, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
-        if BT_AHEAD:
-            rows_next = _kv_rows(bt_row, n0 + BLOCK_N, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE,
-                                 BLOCK_N, True)
-        else:
-            rows = _kv_rows(bt_row, n0, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N, MASKED)
+        rows_next = _kv_rows(bt_row, n0 + BLOCK_N, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
         k = _load_rows(k_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
         v = _load_rows(v_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, n0, hi, pos, qk_scale, BLOCK_N, MASKED, MASKED,
-                                    FMA_SOFTMAX, LAZY_RESCALE, PRECISION)
-        if BT_AHEAD:
-            rows = rows_next
+        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, n0, hi, pos, qk_scale, BLOCK_N, MASKED, PRECISION)
+        rows = rows_next
     return acc, m_i, l_i
 
 
 @triton.jit
-def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, order_ptr, out_ptr, qk_scale,
+def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, qk_scale,
                           stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                           stride_cblk, stride_coff, stride_ch,
                           G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SKIP_DECODE: tl.constexpr,
-                          UPCAST: tl.constexpr, PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-                          LAZY_RESCALE: tl.constexpr, BT_AHEAD: tl.constexpr, SEQ_ORDER: tl.constexpr):
+                          UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
-    if SEQ_ORDER:
-        # Grid (tiles, Hkv, B): sequences in order_ptr's order (longest first), the longest tiles first, so
-        # the last wave holds the shortest programs (a shorter tail).
-        qt = tl.num_programs(0) - 1 - tl.program_id(0)
-        kvh = tl.program_id(1)
-        b = tl.load(order_ptr + tl.program_id(2))
-    else:
-        qt = tl.program_id(0)
-        b = tl.program_id(1)
-        kvh = tl.program_id(2)
+    qt = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     if qt * BLOCK_Q >= q_len:
@@ -186,10 +138,10 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, 0, full_end, pos,
                                  stride_cblk, stride_coff, qk_scale, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST,
-                                 PRECISION, FMA_SOFTMAX, LAZY_RESCALE, BT_AHEAD)
+                                 PRECISION)
     acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, full_end, kv_end,
                                  pos, stride_cblk, stride_coff, qk_scale, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST,
-                                 PRECISION, FMA_SOFTMAX, LAZY_RESCALE, BT_AHEAD)
+                                 PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -200,21 +152,19 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
     """Tile sizes and launch options. BLOCK_M rows = (query tokens) x (padded GQA group)."""
     g_pad = triton.next_power_of_2(group)
     if device.type != "cuda":  # the interpreter: small tiles are faster there
-        return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1)
-    # From a sweep on an H200 (4 x 2048-token prompts, bf16; docs/kernels.md): D 128 -> 128 x 32 tiles,
-    # 8 warps (~335 TFLOP/s); D 64 -> 64 x 64, 4 warps (~260-300).
+        return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1, maxnreg=None)
+    # From sweeps on an H200 (bf16; docs/kernels.md, perf_notes run 15): D 128 -> 128 x 32 tiles, 8 warps, 3
+    # stages, 128 registers (two programs per SM); D 64 -> 64 x 64, 4 warps (~260-300 TFLOP/s).
     if head_dim >= 128:
-        return dict(block_m=max(128, g_pad), block_n=32, num_warps=8, num_stages=2)
-    return dict(block_m=max(64, g_pad), block_n=64, num_warps=4, num_stages=2)
+        return dict(block_m=max(128, g_pad), block_n=32, num_warps=8, num_stages=3, maxnreg=128)
+    return dict(block_m=max(64, g_pad), block_n=64, num_warps=4, num_stages=2, maxnreg=None)
 
 
 def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                             seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int,
                             scale: float, *, out: torch.Tensor | None = None, skip_decode: bool = False,
                             block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                            num_stages: int | None = None, fma_softmax: bool = False, lazy_rescale: bool = False,
-                            bt_ahead: bool = False, seq_order: torch.Tensor | None = None,
-                            maxnreg: int | None = None) -> torch.Tensor:
+                            num_stages: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
 
     q [T, H, D]; sequence b's queries are rows query_start_loc[b]:query_start_loc[b+1] and sit at the last
@@ -222,11 +172,8 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
     written); block_tables [B, max_blocks] int32; seq_lens [B] int32; query_start_loc [B + 1] int32;
     max_query_len: a host-side upper bound of the chunk lengths (sizes the grid). skip_decode: leave the rows
     of sequences with one query token untouched (the decode kernel does them). Returns `out` (allocated like q
-    if None); rows not covered by query_start_loc are not written. block_m .. num_stages override
-    `default_prefill_config`; maxnreg caps registers per thread (128 at 8 warps: two programs per SM).
-    Candidates for `python -m heron.kernels.bench --prefill-only --variants`: fma_softmax, lazy_rescale
-    (`_softmax_pv`), bt_ahead (`_attend_keys`), and seq_order, an int32 [B] permutation of the sequences
-    (longest first, e.g. from seq_lens on the host) to launch them in.
+    if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
+    override `default_prefill_config` (the tile sweep, `python -m heron.kernels.bench --prefill-only --sweep`).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -251,22 +198,15 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
     assert block_n >= 16 and block_n & (block_n - 1) == 0
     block_q = block_m // g_pad
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    tiles = triton.cdiv(max_query_len, block_q)
-    if seq_order is None:
-        grid = (tiles, batch, num_kv_heads)
-    else:
-        assert seq_order.dtype == torch.int32 and seq_order.shape == (batch,)
-        grid = (tiles, num_kv_heads, batch)
+    grid = (triton.cdiv(max_query_len, block_q), batch, num_kv_heads)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        seq_lens if seq_order is None else seq_order, out, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         G=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         SKIP_DECODE=skip_decode, UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype),
-        FMA_SOFTMAX=fma_softmax, LAZY_RESCALE=lazy_rescale, BT_AHEAD=bt_ahead,
-        SEQ_ORDER=seq_order is not None, num_warps=num_warps or cfg["num_warps"],
-        num_stages=num_stages or cfg["num_stages"], maxnreg=maxnreg)
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+        maxnreg=maxnreg or cfg["maxnreg"])
     return out
 
 

@@ -157,51 +157,19 @@ def test_paged_prefill_tiles_and_skip_decode():
     assert torch.isnan(out[27]).all()
 
 
-
-# The candidate kernel variants (heron.kernels.bench.PREFILL_VARIANTS); "seq_order" stands for a longest-first order.
-PREFILL_VARIANT_FLAGS = [dict(fma_softmax=True), dict(lazy_rescale=True), dict(bt_ahead=True), dict(seq_order=True),
-                         dict(fma_softmax=True, lazy_rescale=True, bt_ahead=True, seq_order=True)]
-
-
-def _prefill_variant(q, cache, meta, scale, variant, **kw):
-    """paged_prefill_attention in a variant (NaN-filled output)."""
-    kw = {**variant, **kw}
-    if kw.pop("seq_order", False):
-        kw["seq_order"] = torch.argsort(meta.seq_lens.cpu(), descending=True).to(torch.int32).to(DEVICE)
-    return paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                   meta.max_query_len, scale, out=_nan_like(q), **kw)
-
-
 @pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=["bm32-bn16", "bm16-bn32"])
-@pytest.mark.parametrize("variant", PREFILL_VARIANT_FLAGS, ids=lambda v: "+".join(v))
-def test_paged_prefill_variants(variant, tiles):
-    """Each variant against the reference: GQA 3 (a padded head per token), several query tiles per chunk, both
-    key loops, tiles of one and of two cache blocks, a one-token chunk, a fresh prompt and chunks over prefixes."""
+def test_paged_prefill_tiles(tiles):
+    """Against the reference: GQA 3 (a padded head per token), several query tiles per chunk, both key loops,
+    tiles of one and of two cache blocks, a one-token chunk, a fresh prompt and chunks over prefixes."""
     block_m, block_n = tiles
     gen = _gen(11)
     seq_lens, q_lens = [60, 31, 45, 100], [27, 1, 45, 8]
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 6, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    out = _prefill_variant(q, cache, meta, 0.125, variant, block_m=block_m, block_n=block_n)
-    assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {variant}")
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_paged_prefill_lazy_rescale_with_growing_scores(dtype):
-    """lazy_rescale keeps a stale running max until a row's grows by more than 2**8: keys of cache blocks scaled
-    by up to 12x make the max jump by more than that in later tiles, so the rescale runs mid-loop too."""
-    gen = _gen(12)
-    seq_lens, q_lens = [150, 97], [20, 97]
-    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
-    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.float32, DEVICE, gen)
-    cache[0] *= (1 + 11 * torch.rand(meta.num_blocks, 1, 1, 1, generator=gen)).to(DEVICE)
-    cache = cache.to(dtype)
-    q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, dtype)
-    want = _oracle(q, cache, meta, 0.125)
-    for variant in (dict(lazy_rescale=True), dict(fma_softmax=True, lazy_rescale=True, bt_ahead=True)):
-        out = _prefill_variant(q, cache, meta, 0.125, variant, block_m=16, block_n=16)
-        assert_close(out, want, dtype, f"prefill {variant}")
+    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                  meta.max_query_len, 0.125, out=_nan_like(q), block_m=block_m, block_n=block_n)
+    assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {tiles}")
 
 
 # -- the backend -----------------------------------------------------------------------------------------------
@@ -271,22 +239,6 @@ def test_paged_prefill_large(heads, head_dim):
     ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
     assert_close(out, ref, torch.bfloat16, "prefill large")
 
-
-
-@gpu_only
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", PREFILL_VARIANT_FLAGS, ids=lambda v: "+".join(v))
-def test_paged_prefill_variants_large(variant):
-    """The variants at the production shape with the benchmark's candidate launch settings (3 stages, 128
-    registers)."""
-    gen = _gen(8)
-    seq_lens, q_lens = [1500, 700, 2048, 333, 90], [1500, 200, 512, 1, 90]
-    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
-    cache = make_cache(meta.num_blocks, 16, 8, 128, torch.bfloat16, DEVICE, gen)
-    q = torch.randn(meta.num_tokens, 32, 128, generator=gen).to(DEVICE, torch.bfloat16)
-    ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, 128 ** -0.5)
-    out = _prefill_variant(q, cache, meta, 128 ** -0.5, variant, num_stages=3, maxnreg=128)
-    assert_close(out, ref, torch.bfloat16, f"prefill large {variant}")
 
 @gpu_only
 @pytest.mark.gpu
