@@ -108,7 +108,8 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
 def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, sweep=False, seed=1):
     """The paged prefill kernel on two shapes: 4 whole 2048-token prompts (the prefill benchmark's steps) and
     256 new tokens per sequence over 64 cached contexts of 1024-2048 tokens (the `kernels` benchmark's case).
-    Reports TFLOP/s of the causal attention; with `sweep`, every tile/warps/stages config and the five best."""
+    Reports TFLOP/s of the causal attention; with `sweep` (the second shape only), every tile/warps/stages config
+    (8 warps held to 128 registers: two programs per SM) and the five best."""
     import torch.nn.functional as F
 
     from heron.kernels.paged_prefill import paged_prefill_attention
@@ -118,7 +119,7 @@ def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, swe
     scale = head_dim ** -0.5
     ctx = torch.randint(1024, 2049, (64,), generator=gen).tolist()
     cases = [("4 x 2048-token prompts", [0] * 4, 2048), ("64 x 256 new tokens over 1024-2048 cached", ctx, 256)]
-    for label, prefix, q_len in cases:
+    for label, prefix, q_len in cases[1:] if sweep else cases:
         seq_lens = [n + q_len for n in prefix]
         b = len(seq_lens)
         cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
@@ -130,8 +131,8 @@ def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, swe
         print(f"prefill {label}: H={num_heads} Hkv={num_kv_heads} D={head_dim}")
         configs = [dict()]
         if sweep:
-            configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s)
-                        for m, n, w, s in itertools.product([64, 128, 256], [32, 64, 128], [4, 8], [2, 3])]
+            configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s, maxnreg=128 if w == 8 else 255)
+                        for m, n, w, s in itertools.product([64, 128, 256], [16, 32, 64], [4, 8], [3, 4])]
         _time_configs(configs, lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale,
                                                                    out=out, **cfg),
                       lambda t: f"{flops / t / 1e12:6.1f} TFLOP/s", iters=10, best=sweep)
