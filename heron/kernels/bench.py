@@ -342,7 +342,7 @@ GEMV_MODELS = {
     "Qwen3-8B": (36, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
                  ("lm_head", 151936, 4096)),
 }
-GEMV_ROWS = (1, 8, 16, 64)  # 64: cuBLAS only, for scale
+GEMV_ROWS = (1, 8, 16, 64, 128, 200, 256)  # > 16: cuBLAS only (the offline run's decode batches)
 
 
 def _weight_copies(n: int, k: int, dev: torch.device) -> list[torch.Tensor]:
@@ -450,7 +450,8 @@ def bench_gemv(sweep: bool = False, only: str | None = None) -> None:
             del weights
         print(f"{model}: the weight GEMMs of one decode step ({step_bytes / 1e9:.2f} GB)")
         for m, (t_torch, t_gemv, t_best) in step.items():
-            line = f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {step_bytes / t_torch / 1e12:5.2f} TB/s"
+            line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {step_bytes / t_torch / 1e12:5.2f} TB/s "
+                    f"{m * step_bytes / t_torch / 1e12:6.1f} TFLOP/s")  # 2 FLOPs per 2-byte weight and row
             if t_gemv:
                 line += f" | gemv {t_gemv * 1e6:8.1f} us {step_bytes / t_gemv / 1e12:5.2f} TB/s"
             if t_best:
