@@ -158,9 +158,9 @@ def test_paged_prefill_tiles_and_skip_decode():
 
 
 @pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=["bm32-bn16", "bm16-bn32"])
-def test_paged_prefill_tiles(tiles):
-    """Against the reference: GQA 3 (a padded head per token), several query tiles per chunk, both key loops,
-    tiles of one and of two cache blocks, a one-token chunk, a fresh prompt and chunks over prefixes."""
+def test_paged_prefill_padded_group_tiles(tiles):
+    """GQA 3 (a padded head per token in the tile's rows), key tiles of one and of two cache blocks (the table
+    entries read a tile ahead cross a block mid-tile), a one-token chunk among fresh prompts and prefixes."""
     block_m, block_n = tiles
     gen = _gen(11)
     seq_lens, q_lens = [60, 31, 45, 100], [27, 1, 45, 8]
