@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 
-def _tables(seq_lens, block_size, gen) -> tuple[torch.Tensor, int]:
-    """Block tables over a shuffled pool (one draw from gen) and the pool's size."""
+def _batch(seq_lens, block_size, num_kv_heads, head_dim, device, gen):
     needed = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(needed) + 8
     perm = torch.randperm(num_blocks, generator=gen)
@@ -35,11 +34,6 @@ def _tables(seq_lens, block_size, gen) -> tuple[torch.Tensor, int]:
     for i, n in enumerate(needed):
         tables[i, :n] = perm[used:used + n].to(torch.int32)
         used += n
-    return tables, num_blocks
-
-
-def _batch(seq_lens, block_size, num_kv_heads, head_dim, device, gen):
-    tables, num_blocks = _tables(seq_lens, block_size, gen)
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=torch.bfloat16)
     return cache, tables.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device)
 
