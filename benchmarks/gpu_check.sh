@@ -17,7 +17,7 @@ for s in $SECTIONS; do case $s in
   kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/executor/attention ;;
   quick-tests)  # the GPU-only kernel tests of session 3's changes (all of kernel-tests takes ~5 min)
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
-        tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
+        tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters or row_tiles" ;;
   graph-tests)  # CUDA graphs of prefill and mixed steps: engine outputs against enforce_eager, padded attention
     run graph-tests python3 -m pytest -q -p no:cacheprovider tests/executor/test_model_runner.py \
         tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py -k "graph or cuda" ;;
@@ -26,6 +26,8 @@ for s in $SECTIONS; do case $s in
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
   gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
+  skinny-sweep)  # the GEMV past 16 rows (a skinny GEMM) against cuBLAS at the offline runs' decode batches
+    run skinny-sweep python3 -m heron.kernels.bench --gemv --sweep --only qwen3 --rows 32,64,128,192,256 ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
@@ -50,7 +52,13 @@ for s in $SECTIONS; do case $s in
   # Opt-in, with the FlashInfer wheels installed; FlashInfer JIT-compiles for minutes on a bare machine, so
   # each section restores and saves its built modules (benchmarks/flashinfer_cache.sh) and the build is
   # time-boxed to leave room for the save. Run them in separate device calls the first time.
+  fi-build)  # FlashInfer's JIT builds in the background (nvcc on the CPUs, a tiny GPU run) while the next
+    # sections run; kernels-vs-flashinfer waits for it
+    . benchmarks/flashinfer_cache.sh
+    timeout 480 python3 -m heron.kernels.bench --vs-flashinfer --batch 4 > "$OUT/fi-build.log" 2>&1 &
+    FI_BUILD=$! ;;
   kernels-vs-flashinfer)
+    [ -n "${FI_BUILD:-}" ] && { wait "$FI_BUILD"; echo "fi-build exited $?"; FI_BUILD=; }
     . benchmarks/flashinfer_cache.sh
     run kernels-vs-flashinfer timeout 480 python3 -m heron.kernels.bench --vs-flashinfer --save-result
     fi_cache_save "$OUT" ;;

@@ -83,7 +83,7 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
 
 
 def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> None:
-    """Time call(**cfg) per config by graph replay and print each with rate(seconds); configs that do not
+    """Time call(cfg) per config by graph replay and print each with rate(seconds); configs that do not
     compile (shared memory) are reported and skipped; `best`: print the five fastest."""
     results = []
     for cfg in configs:
@@ -99,39 +99,52 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
         print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
 
 
+def _prefill_inputs(prefix: list[int], q_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    block_size: int, gen: torch.Generator):
+    """q_len new tokens per sequence over cached prefixes of the given lengths: (q, cache, tables, seq_lens,
+    query_start_loc, out)."""
+    dev, b = torch.device("cuda"), len(prefix)
+    cache, tables, lens = _batch([n + q_len for n in prefix], block_size, num_kv_heads, head_dim, dev, gen)
+    qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32, device=dev)
+    q = torch.randn(b * q_len, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
+    return q, cache, tables, lens, qsl, torch.empty_like(q)
+
+
+def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, int, int, int]):
+    """call(cfg) = the paged prefill kernel with config cfg on `_prefill_inputs` (the sweep's builder)."""
+    from heron.kernels.paged_prefill import paged_prefill_attention
+
+    q, cache, tables, lens, qsl, out = _prefill_inputs(prefix, q_len, *shape, torch.Generator().manual_seed(seed))
+    scale = shape[2] ** -0.5
+    return lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale, out=out, **cfg)
+
+
 def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, sweep=False, seed=1):
     """The paged prefill kernel on two shapes: 4 whole 2048-token prompts (the prefill benchmark's steps) and
     256 new tokens per sequence over 64 cached contexts of 1024-2048 tokens (the `kernels` benchmark's case).
     Reports TFLOP/s of the causal attention; with `sweep` (the second shape only), every tile/warps/stages config
     (8 warps held to 128 registers: two programs per SM) and the five best."""
+    import functools
+
     import torch.nn.functional as F
 
-    from heron.kernels.paged_prefill import paged_prefill_attention
-
-    dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(seed)
-    scale = head_dim ** -0.5
-    ctx = torch.randint(1024, 2049, (64,), generator=gen).tolist()
+    dev, shape = torch.device("cuda"), (num_heads, num_kv_heads, head_dim, block_size)
+    ctx = torch.randint(1024, 2049, (64,), generator=torch.Generator().manual_seed(seed)).tolist()
     cases = [("4 x 2048-token prompts", [0] * 4, 2048), ("64 x 256 new tokens over 1024-2048 cached", ctx, 256)]
     for label, prefix, q_len in cases[1:] if sweep else cases:
-        seq_lens = [n + q_len for n in prefix]
-        b = len(seq_lens)
-        cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
-        qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32, device=dev)
-        q = torch.randn(b * q_len, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
-        out = torch.empty_like(q)
+        b = len(prefix)
         keys = sum(q_len * n + q_len * (q_len + 1) // 2 for n in prefix)  # causal: query t sees n + t + 1 keys
         flops = 4 * num_heads * head_dim * keys
         print(f"prefill {label}: H={num_heads} Hkv={num_kv_heads} D={head_dim}")
+        build = functools.partial(_prefill_call, prefix, q_len, seed, shape)
         configs = [dict()]
         if sweep:
             configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s, maxnreg=128 if w == 8 else 255)
                         for m, n, w, s in itertools.product([64, 128, 256], [16, 32, 64], [4, 8], [3, 4])]
-        _time_configs(configs, lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale,
-                                                                   out=out, **cfg),
-                      lambda t: f"{flops / t / 1e12:6.1f} TFLOP/s", iters=10, best=sweep)
+            _compile_ahead(build, configs)
+        _time_configs(configs, build(), lambda t: f"{flops / t / 1e12:6.1f} TFLOP/s", iters=10, best=sweep)
         if not any(prefix):
-            qs = q.view(b, q_len, num_heads, head_dim).transpose(1, 2)
+            qs = torch.randn(b, num_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
             ks = torch.randn(b, num_kv_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
             t = _time_graph(lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True),
                             iters=10)
@@ -336,7 +349,31 @@ GEMV_MODELS = {
     "Qwen3-8B": (36, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
                  ("lm_head", 151936, 4096)),
 }
-GEMV_ROWS = (1, 8, 16, 64, 128, 200, 256)  # > 16: cuBLAS only (the offline run's decode batches)
+GEMV_ROWS = (1, 8, 16, 32, 64, 128, 192, 200, 256)  # > 16: the offline run's decode batches (skinny GEMMs)
+
+
+def _compile_one(build, configs: list) -> None:
+    call = build()
+    for cfg in configs:
+        try:
+            call(cfg)
+        except Exception:  # noqa: BLE001 - the timing loop reports configs that do not compile
+            pass
+    torch.cuda.synchronize()
+
+
+def _compile_ahead(build, configs: list, workers: int = 12) -> None:
+    """Compiles every config's kernel in worker processes before a sweep times them one by one: Triton compiles
+    one binary at a time (seconds each) and its on-disk cache then serves the timing loop. `build` (picklable,
+    e.g. a functools.partial of a module-level function) returns call(cfg) on inputs of the timed shapes, so the
+    workers' binaries specialise as the timing loop's will."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    start, workers = time.perf_counter(), max(1, min(workers, len(configs)))
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(_compile_one, [build] * workers, [configs[i::workers] for i in range(workers)]))
+    print(f"  compiled {len(configs)} configs in {workers} processes: {time.perf_counter() - start:.0f} s")
 
 
 def _weight_copies(n: int, k: int, dev: torch.device) -> list[torch.Tensor]:
@@ -401,46 +438,110 @@ def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: 
             best[(m, n, k)] = (*results[0], t_def)
 
 
-def bench_gemv(sweep: bool = False, only: str | None = None) -> None:
+def _skinny_candidates(m: int, n: int, k: int, sms: int) -> list:
+    """The sweep's grid past 16 rows: row tiles of 16..256 (at most 8 per M), 64/128-row W tiles (wgmma's M),
+    K tiles of 64 (and 128 for row tiles <= 64), warps with <= 128 float32 accumulators a thread, stages that fit
+    in shared memory, split-K from the first count giving >= 1/2 program per SM to the first giving >= 2."""
+    from heron.kernels.gemv import GemvConfig
+
+    out = []
+    for bm in (16, 32, 64, 128, 256):
+        m_tiles = -(-m // bm)
+        if m_tiles > 8 or (bm > 16 and -(-m // (bm // 2)) == m_tiles):  # too many tiles, or half the tile fits
+            continue
+        for bn, bk, w, st in itertools.product((64, 128), (64, 128), (4, 8), (3, 4)):
+            if (bk == 128 and bm > 64) or (w == 8 and bn == 64) or bn * bm > 128 * 32 * w \
+                    or st * (bn + bm) * bk * 2 > 200 << 10:
+                continue
+            tiles, k_tiles = m_tiles * -(-n // bn), -(-k // bk)
+            ok = [s for s in (1, 2, 4, 8) if 4 * s <= k_tiles]
+            lo = next((s for s in ok if 2 * tiles * s >= sms), ok[-1])
+            hi = next((s for s in ok if tiles * s >= 2 * sms), ok[-1])
+            out += [GemvConfig(bn, bk, s, w, st, block_m=bm) for s in ok if lo <= s <= hi]
+    return out
+
+
+def _gemv_call(m: int, n: int, k: int):
+    """call(cfg) = gemv on an [m, k] x [n, k] product (bf16): `_compile_ahead`'s builder for the sweeps."""
+    from heron.kernels.gemv import gemv
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return lambda cfg: gemv(x, w, config=cfg)
+
+
+def _skinny_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], cublas: dict, best: dict) -> None:
+    """Times `_skinny_candidates` at each M > 16 of xs against cuBLAS (`cublas[m]`, seconds); prints the three
+    best and records (time, config, cuBLAS's time) in `best[(m, n, k)]`."""
+    import functools
+
+    from heron.kernels.gemv import gemv
+
+    sms = torch.cuda.get_device_properties(weights[0].device).multi_processor_count
+    cands = {m: _skinny_candidates(m, n, k, sms) for m in xs if m > 16}
+    unique = list(dict.fromkeys(c for cs in cands.values() for c in cs))
+    _compile_ahead(functools.partial(_gemv_call, 64, n, k), unique)
+    for m, cs in cands.items():
+        x, results, failed = xs[m], [], 0
+        for cfg in cs:
+            try:
+                results.append((_time_rotating(lambda w, cfg=cfg: gemv(x, w, config=cfg), weights), cfg))
+            except Exception:  # noqa: BLE001 - a config that does not compile or launch (shared memory) is skipped
+                failed += 1
+        results.sort(key=lambda r: r[0])
+        flops = 2 * m * n * k
+        print(f"    sweep M={m}: {len(results)} configs ({failed} failed); cuBLAS {cublas[m] * 1e6:.1f} us")
+        for t, cfg in results[:3]:
+            print(f"      {t * 1e6:8.1f} us {flops / t / 1e12:5.0f} TFLOP/s x{cublas[m] / t:4.2f} vs cuBLAS  {cfg}")
+        if results:
+            best[(m, n, k)] = (*results[0], cublas[m])
+
+
+def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ...] = GEMV_ROWS) -> None:
     """Decode GEMMs y = x @ W^T (bf16, M rows): heron.kernels.gemv with its default configs against F.linear
     (cuBLAS), both by CUDA-graph replay over rotating weight copies, for the per-layer matrices and the LM head
     of Qwen3-0.6B, Llama-3.1-8B and Qwen3-8B; then per model the sum over one decode step (layers x per-layer + head).
     TB/s counts the weight bytes. `sweep`: also search `_gemv_candidates` per shape and print the best."""
     import torch.nn.functional as F
 
-    from heron.kernels.gemv import gemv, pick_config
+    from heron.kernels.gemv import DECODE_M, gemv, pick_config, rows_key
 
     dev, start, best = torch.device("cuda"), time.perf_counter(), {}
     print(f"gemv: {torch.cuda.get_device_name(dev)}, bf16, CUDA-graph replay, weights rotated past the L2 cache")
     for model, (layers, per_layer, head) in GEMV_MODELS.items():
         if only and only.lower() not in model.lower():
             continue
-        step = {m: [0.0, 0.0, 0.0] for m in GEMV_ROWS}  # torch s, gemv s, best-of-sweep s per decode step
+        step = {m: [0.0, 0.0, 0.0] for m in rows}  # torch s, gemv s, best-of-sweep s per decode step
         step_bytes = 0
         for name, n, k in [*per_layer, head]:
             count = 1 if (name, n, k) == head else layers
             weights, nbytes = _weight_copies(n, k, dev), 2 * n * k
             step_bytes += count * nbytes
             print(f"{model} {name} N={n} K={k} ({nbytes / 1e6:.1f} MB, x{count} per step)")
-            xs, default = {}, {}
-            for m in GEMV_ROWS:
+            xs, default, cublas = {}, {}, {}
+            for m in rows:
                 x = xs[m] = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-                t_torch = _time_rotating(lambda w: F.linear(x, w), weights)
-                line = f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s"
+                t_torch = cublas[m] = _time_rotating(lambda w: F.linear(x, w), weights)
+                line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
+                        f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
                 step[m][0] += count * t_torch
-                if m <= 16:
+                cfg = pick_config(m, n, k, x.dtype, dev)
+                if cfg is not None:
                     t = default[m] = _time_rotating(lambda w: gemv(x, w), weights)
                     ref = F.linear(x.float(), weights[0].float())
                     diff = (gemv(x, weights[0]).float() - ref).abs().max().item()
                     assert diff < 2e-2 * ref.abs().max().item() + 1e-2, f"gemv disagrees with F.linear: {diff:.3g}"
                     line += (f" | gemv {t * 1e6:8.1f} us {nbytes / t / 1e12:5.2f} TB/s x{t_torch / t:4.2f}"
-                             f" (max|diff| {diff:.2g}) {pick_config(m, n, k, x.dtype, dev)}")
+                             f" (max|diff| {diff:.2g}) {cfg}")
                     step[m][1] += count * t
                 print(line)
-            if sweep:
+            if sweep and all(m in xs for m in (1, 8, 16)):
                 _gemv_sweep(n, k, xs, weights, default, best)
-                for m in default:
-                    step[m][2] += count * min(default[m], best.get((m, n, k), (default[m],))[0])
+            if sweep and max(rows) > DECODE_M:
+                _skinny_sweep(n, k, xs, weights, cublas, best)
+            for m in rows:
+                ours = default.get(m, cublas[m])
+                step[m][2] += count * min(ours, best.get((m, n, k), (ours,))[0])
             del weights
         print(f"{model}: the weight GEMMs of one decode step ({step_bytes / 1e9:.2f} GB)")
         for m, (t_torch, t_gemv, t_best) in step.items():
@@ -448,14 +549,14 @@ def bench_gemv(sweep: bool = False, only: str | None = None) -> None:
                     f"{m * step_bytes / t_torch / 1e12:6.1f} TFLOP/s")  # 2 FLOPs per 2-byte weight and row
             if t_gemv:
                 line += f" | gemv {t_gemv * 1e6:8.1f} us {step_bytes / t_gemv / 1e12:5.2f} TB/s"
-            if t_best:
+            if sweep:
                 line += f" | swept best {t_best * 1e6:8.1f} us {step_bytes / t_best / 1e12:5.2f} TB/s"
             print(line)
     if sweep:
-        print("swept configs beating the default by > 3% (for gemv.CONFIGS, or a better default_config):")
+        print("swept configs beating the default (cuBLAS past 16 rows) by > 3% (for gemv.CONFIGS):")
         for (m, n, k), (t, cfg, t_def) in sorted(best.items()):
-            if t < 0.97 * t_def:
-                print(f"  CONFIGS[({m}, {n}, {k})] = {cfg!r}  # {t * 1e6:.1f} us, default {t_def * 1e6:.1f} us")
+            if t < 0.97 * t_def and (m <= DECODE_M or m == rows_key(m)):
+                print(f"  ({rows_key(m)}, {n}, {k}): {cfg!r},  # {t * 1e6:.1f} us, default {t_def * 1e6:.1f} us")
     print(f"gemv bench: {time.perf_counter() - start:.0f} s")
 
 
@@ -471,9 +572,11 @@ def main() -> None:
                     help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
+    ap.add_argument("--rows", help="with --gemv: comma-separated row counts (default: %s)" % ",".join(map(str, GEMV_ROWS)))
     args = ap.parse_args()
     if args.gemv:
-        bench_gemv(sweep=args.sweep, only=args.only)
+        rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMV_ROWS
+        bench_gemv(sweep=args.sweep, only=args.only, rows=rows)
         return
     if args.vs_flashinfer:
         bench_vs_flashinfer(save=args.save_result, batch=args.batch)
