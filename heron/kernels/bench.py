@@ -461,13 +461,36 @@ def _skinny_candidates(m: int, n: int, k: int, sms: int) -> list:
     return out
 
 
-def _gemv_call(m: int, n: int, k: int):
-    """call(cfg) = gemv on an [m, k] x [n, k] product (bf16): `_compile_ahead`'s builder for the sweeps."""
-    from heron.kernels.gemv import gemv
+def _gemm_candidates(m: int) -> list:
+    """The TMA GEMM's grid (heron.kernels.gemm): plain (x as wgmma's M side) and swapped tiles, with and without
+    warp specialisation (8 warps: a producer and a consumer warpgroup)."""
+    from heron.kernels.gemm import GemmConfig
 
+    out = []
+    for swap, bm, bn, st, w, ws in itertools.product((False, True), (32, 64, 128, 256), (64, 128, 256), (3, 4),
+                                                     (4, 8), (False, True)):
+        tiles = -(-m // bm)
+        if (ws and w != 8) or tiles > 4 or (bm > 32 and -(-m // (bm // 2)) == tiles) or st * (bm + bn) * 128 > 200 << 10:
+            continue
+        if (not swap and bm < 64) or (swap and bn > 128) or bm * bn > 128 * 32 * w:
+            continue
+        out.append(GemmConfig(bm, bn, 64, st, w, swap, ws))
+    return out
+
+
+def _gemv_call(m: int, n: int, k: int):
+    """call(cfg) = gemv (a GemvConfig) or the TMA GEMM (a GemmConfig) on an [m, k] x [n, k] product (bf16):
+    `_compile_ahead`'s builder for the sweeps."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    return lambda cfg: gemv(x, w, config=cfg)
+    return lambda cfg: _product(x, w, cfg)
+
+
+def _product(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
+    from heron.kernels.gemm import GemmConfig, gemm
+    from heron.kernels.gemv import gemv
+
+    return gemm(x, w, cfg) if isinstance(cfg, GemmConfig) else gemv(x, w, config=cfg)
 
 
 def _skinny_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], cublas: dict, best: dict) -> None:
@@ -475,20 +498,24 @@ def _skinny_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], cublas:
     best and records (time, config, cuBLAS's time) in `best[(m, n, k)]`."""
     import functools
 
-    from heron.kernels.gemv import gemv
+    import torch.nn.functional as F
 
     sms = torch.cuda.get_device_properties(weights[0].device).multi_processor_count
-    cands = {m: _skinny_candidates(m, n, k, sms) for m in xs if m > 16}
+    cands = {m: _skinny_candidates(m, n, k, sms) + _gemm_candidates(m) for m in xs if m > 16}
     unique = list(dict.fromkeys(c for cs in cands.values() for c in cs))
     _compile_ahead(functools.partial(_gemv_call, 64, n, k), unique)
     for m, cs in cands.items():
         x, results, failed = xs[m], [], 0
         for cfg in cs:
             try:
-                results.append((_time_rotating(lambda w, cfg=cfg: gemv(x, w, config=cfg), weights), cfg))
+                results.append((_time_rotating(lambda w, cfg=cfg: _product(x, w, cfg), weights), cfg))
             except Exception:  # noqa: BLE001 - a config that does not compile or launch (shared memory) is skipped
                 failed += 1
         results.sort(key=lambda r: r[0])
+        ref = F.linear(x.float(), weights[0].float())
+        for t, cfg in results[:3]:
+            diff = (_product(x, weights[0], cfg).float() - ref).abs().max().item()
+            assert diff < 2e-2 * ref.abs().max().item() + 1e-2, f"{cfg} disagrees with F.linear: {diff:.3g}"
         flops = 2 * m * n * k
         print(f"    sweep M={m}: {len(results)} configs ({failed} failed); cuBLAS {cublas[m] * 1e6:.1f} us")
         for t, cfg in results[:3]:
@@ -512,6 +539,7 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
         if only and only.lower() not in model.lower():
             continue
         step = {m: [0.0, 0.0, 0.0] for m in rows}  # torch s, gemv s, best-of-sweep s per decode step
+        lt = dict.fromkeys(rows, 0.0)  # cuBLASLt s per decode step
         step_bytes = 0
         for name, n, k in [*per_layer, head]:
             count = 1 if (name, n, k) == head else layers
@@ -525,6 +553,12 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                 line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
                         f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
                 step[m][0] += count * t_torch
+                if m > DECODE_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
+                    torch.backends.cuda.preferred_blas_library("cublaslt")
+                    t_lt = _time_rotating(lambda w: F.linear(x, w), weights)
+                    torch.backends.cuda.preferred_blas_library("cublas")
+                    line += f" | cublasLt {t_lt * 1e6:8.1f} us x{t_torch / t_lt:4.2f}"
+                    lt[m] += count * t_lt
                 cfg = pick_config(m, n, k, x.dtype, dev)
                 if cfg is not None:
                     t = default[m] = _time_rotating(lambda w: gemv(x, w), weights)
@@ -547,6 +581,8 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
         for m, (t_torch, t_gemv, t_best) in step.items():
             line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {step_bytes / t_torch / 1e12:5.2f} TB/s "
                     f"{m * step_bytes / t_torch / 1e12:6.1f} TFLOP/s")  # 2 FLOPs per 2-byte weight and row
+            if lt[m]:
+                line += f" | cublasLt {lt[m] * 1e6:8.1f} us"
             if t_gemv:
                 line += f" | gemv {t_gemv * 1e6:8.1f} us {step_bytes / t_gemv / 1e12:5.2f} TB/s"
             if sweep:
