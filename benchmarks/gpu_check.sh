@@ -26,8 +26,6 @@ for s in $SECTIONS; do case $s in
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
   gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
-  skinny-sweep)  # the GEMV past 16 rows (a skinny GEMM) against cuBLAS at the offline runs' decode batches
-    run skinny-sweep python3 -m heron.kernels.bench --gemv --sweep --only qwen3-8b --rows 32,64,128,192,256 ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)

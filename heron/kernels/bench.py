@@ -349,7 +349,7 @@ GEMV_MODELS = {
     "Qwen3-8B": (36, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
                  ("lm_head", 151936, 4096)),
 }
-GEMV_ROWS = (1, 8, 16, 32, 64, 128, 192, 200, 256)  # > 16: the offline run's decode batches (skinny GEMMs)
+GEMV_ROWS = (1, 8, 16, 32, 64, 128, 192, 200, 256)  # > 16: cuBLAS only (the offline run's decode batches)
 
 
 def _compile_one(build, configs: list) -> None:
@@ -438,92 +438,6 @@ def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: 
             best[(m, n, k)] = (*results[0], t_def)
 
 
-def _skinny_candidates(m: int, n: int, k: int, sms: int) -> list:
-    """The sweep's grid past 16 rows: row tiles of 16..256 (at most 8 per M), 64/128-row W tiles (wgmma's M),
-    K tiles of 64 (and 128 for row tiles <= 64), warps with <= 128 float32 accumulators a thread, stages that fit
-    in shared memory, split-K from the first count giving >= 1/2 program per SM to the first giving >= 2."""
-    from heron.kernels.gemv import GemvConfig
-
-    out = []
-    for bm in (16, 32, 64, 128, 256):
-        m_tiles = -(-m // bm)
-        if m_tiles > 8 or (bm > 16 and -(-m // (bm // 2)) == m_tiles):  # too many tiles, or half the tile fits
-            continue
-        for bn, bk, w, st in itertools.product((64, 128), (64, 128), (4, 8), (3, 4)):
-            if (bk == 128 and bm > 64) or (w == 8 and bn == 64) or bn * bm > 128 * 32 * w \
-                    or st * (bn + bm) * bk * 2 > 200 << 10:
-                continue
-            tiles, k_tiles = m_tiles * -(-n // bn), -(-k // bk)
-            ok = [s for s in (1, 2, 4, 8) if 4 * s <= k_tiles]
-            lo = next((s for s in ok if 2 * tiles * s >= sms), ok[-1])
-            hi = next((s for s in ok if tiles * s >= 2 * sms), ok[-1])
-            out += [GemvConfig(bn, bk, s, w, st, block_m=bm) for s in ok if lo <= s <= hi]
-    return out
-
-
-def _gemm_candidates(m: int) -> list:
-    """The TMA GEMM's grid (heron.kernels.gemm): plain (x as wgmma's M side) and swapped tiles, with and without
-    warp specialisation (8 warps: a producer and a consumer warpgroup)."""
-    from heron.kernels.gemm import GemmConfig
-
-    out = []
-    for swap, bm, bn, st, w, ws in itertools.product((False, True), (32, 64, 128, 256), (64, 128, 256), (3, 4),
-                                                     (4, 8), (False, True)):
-        tiles = -(-m // bm)
-        if (ws and w != 8) or tiles > 4 or (bm > 32 and -(-m // (bm // 2)) == tiles) or st * (bm + bn) * 128 > 200 << 10:
-            continue
-        if (not swap and bm < 64) or (swap and bn > 128) or bm * bn > 128 * 32 * w:
-            continue
-        out.append(GemmConfig(bm, bn, 64, st, w, swap, ws))
-    return out
-
-
-def _gemv_call(m: int, n: int, k: int):
-    """call(cfg) = gemv (a GemvConfig) or the TMA GEMM (a GemmConfig) on an [m, k] x [n, k] product (bf16):
-    `_compile_ahead`'s builder for the sweeps."""
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    return lambda cfg: _product(x, w, cfg)
-
-
-def _product(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
-    from heron.kernels.gemm import GemmConfig, gemm
-    from heron.kernels.gemv import gemv
-
-    return gemm(x, w, cfg) if isinstance(cfg, GemmConfig) else gemv(x, w, config=cfg)
-
-
-def _skinny_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], cublas: dict, best: dict) -> None:
-    """Times `_skinny_candidates` at each M > 16 of xs against cuBLAS (`cublas[m]`, seconds); prints the three
-    best and records (time, config, cuBLAS's time) in `best[(m, n, k)]`."""
-    import functools
-
-    import torch.nn.functional as F
-
-    sms = torch.cuda.get_device_properties(weights[0].device).multi_processor_count
-    cands = {m: _skinny_candidates(m, n, k, sms) + _gemm_candidates(m) for m in xs if m > 16}
-    unique = list(dict.fromkeys(c for cs in cands.values() for c in cs))
-    _compile_ahead(functools.partial(_gemv_call, 64, n, k), unique)
-    for m, cs in cands.items():
-        x, results, failed = xs[m], [], 0
-        for cfg in cs:
-            try:
-                results.append((_time_rotating(lambda w, cfg=cfg: _product(x, w, cfg), weights), cfg))
-            except Exception:  # noqa: BLE001 - a config that does not compile or launch (shared memory) is skipped
-                failed += 1
-        results.sort(key=lambda r: r[0])
-        ref = F.linear(x.float(), weights[0].float())
-        for t, cfg in results[:3]:
-            diff = (_product(x, weights[0], cfg).float() - ref).abs().max().item()
-            assert diff < 2e-2 * ref.abs().max().item() + 1e-2, f"{cfg} disagrees with F.linear: {diff:.3g}"
-        flops = 2 * m * n * k
-        print(f"    sweep M={m}: {len(results)} configs ({failed} failed); cuBLAS {cublas[m] * 1e6:.1f} us")
-        for t, cfg in results[:3]:
-            print(f"      {t * 1e6:8.1f} us {flops / t / 1e12:5.0f} TFLOP/s x{cublas[m] / t:4.2f} vs cuBLAS  {cfg}")
-        if results:
-            best[(m, n, k)] = (*results[0], cublas[m])
-
-
 def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ...] = GEMV_ROWS) -> None:
     """Decode GEMMs y = x @ W^T (bf16, M rows): heron.kernels.gemv with its default configs against F.linear
     (cuBLAS), both by CUDA-graph replay over rotating weight copies, for the per-layer matrices and the LM head
@@ -531,7 +445,7 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
     TB/s counts the weight bytes. `sweep`: also search `_gemv_candidates` per shape and print the best."""
     import torch.nn.functional as F
 
-    from heron.kernels.gemv import DECODE_M, gemv, pick_config, rows_key
+    from heron.kernels.gemv import MAX_M, gemv, pick_config
 
     dev, start, best = torch.device("cuda"), time.perf_counter(), {}
     print(f"gemv: {torch.cuda.get_device_name(dev)}, bf16, CUDA-graph replay, weights rotated past the L2 cache")
@@ -553,14 +467,14 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                 line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
                         f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
                 step[m][0] += count * t_torch
-                if m > DECODE_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
+                if m > MAX_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
                     torch.backends.cuda.preferred_blas_library("cublaslt")
                     t_lt = _time_rotating(lambda w: F.linear(x, w), weights)
                     torch.backends.cuda.preferred_blas_library("cublas")
                     line += f" | cublasLt {t_lt * 1e6:8.1f} us x{t_torch / t_lt:4.2f}"
                     lt[m] += count * t_lt
-                cfg = pick_config(m, n, k, x.dtype, dev)
-                if cfg is not None:
+                if m <= MAX_M:
+                    cfg = pick_config(m, n, k, x.dtype, dev)
                     t = default[m] = _time_rotating(lambda w: gemv(x, w), weights)
                     ref = F.linear(x.float(), weights[0].float())
                     diff = (gemv(x, weights[0]).float() - ref).abs().max().item()
@@ -571,11 +485,8 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                 print(line)
             if sweep and all(m in xs for m in (1, 8, 16)):
                 _gemv_sweep(n, k, xs, weights, default, best)
-            if sweep and max(rows) > DECODE_M:
-                _skinny_sweep(n, k, xs, weights, cublas, best)
-            for m in rows:
-                ours = default.get(m, cublas[m])
-                step[m][2] += count * min(ours, best.get((m, n, k), (ours,))[0])
+                for m in default:
+                    step[m][2] += count * min(default[m], best.get((m, n, k), (default[m],))[0])
             del weights
         print(f"{model}: the weight GEMMs of one decode step ({step_bytes / 1e9:.2f} GB)")
         for m, (t_torch, t_gemv, t_best) in step.items():
@@ -585,14 +496,14 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                 line += f" | cublasLt {lt[m] * 1e6:8.1f} us"
             if t_gemv:
                 line += f" | gemv {t_gemv * 1e6:8.1f} us {step_bytes / t_gemv / 1e12:5.2f} TB/s"
-            if sweep:
+            if t_best:
                 line += f" | swept best {t_best * 1e6:8.1f} us {step_bytes / t_best / 1e12:5.2f} TB/s"
             print(line)
     if sweep:
-        print("swept configs beating the default (cuBLAS past 16 rows) by > 3% (for gemv.CONFIGS):")
+        print("swept configs beating the default by > 3% (for gemv.CONFIGS, or a better default_config):")
         for (m, n, k), (t, cfg, t_def) in sorted(best.items()):
-            if t < 0.97 * t_def and (m <= DECODE_M or m == rows_key(m)):
-                print(f"  ({rows_key(m)}, {n}, {k}): {cfg!r},  # {t * 1e6:.1f} us, default {t_def * 1e6:.1f} us")
+            if t < 0.97 * t_def:
+                print(f"  CONFIGS[({m}, {n}, {k})] = {cfg!r}  # {t * 1e6:.1f} us, default {t_def * 1e6:.1f} us")
     print(f"gemv bench: {time.perf_counter() - start:.0f} s")
 
 

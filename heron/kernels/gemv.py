@@ -60,8 +60,7 @@ import triton.language as tl
 from heron.kernels.common import dot_upcast, num_sms
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
-DECODE_M = 16  # up to here the default rule applies (decode rows: memory-bound, x padded to 16)
-MAX_M = 256  # beyond 16 rows only shapes with a tuned `CONFIGS` entry (a skinny GEMM against cuBLAS)
+MAX_M = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -73,7 +72,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = True  # tensor-core tl.dot over x's rows padded to 16; False: CUDA-core FMA, M == 1 only
-    block_m: int = 16  # rows of x per tile (tl.dot's N: 16..256); M > block_m takes ceil(M / block_m) tiles
 
 
 # (rows, N, K) -> config for 16-bit dtypes, consulted before `default_config`; rows is 1 (the FMA GEMV) or 16
@@ -124,37 +122,33 @@ def _load(ptrs, mask):
     return v
 
 
-@triton.jit(do_not_specialize=["M", "split_k"])  # one binary per tile shape for every M and split count
+@triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr,
                  M, N, K, k_split, split_k, stride_xm, stride_wn, stride_om, stride_rm, stride_rom, eps,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, FIX_BF16: tl.constexpr, PROLOGUE: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr):
-    # Program (row tile, column tile) in one grid dimension, row tiles fastest: the programs that read one
-    # [BLOCK_N, K] slab of W run together, so the slab comes from HBM once and from L2 for the other row tiles.
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    pid_m = tl.program_id(0) % m_tiles
-    pid_n = tl.program_id(0) // m_tiles
+    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = tl.arange(0, M_PAD)
     kk = tl.arange(0, BLOCK_K)
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     w_ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + (k_lo + kk)[None, :]
     m_row = tl.minimum(m, M - 1)
-    if USE_DOT:  # x^T tiles [BLOCK_K, BLOCK_M]
+    if USE_DOT:  # x^T tiles [BLOCK_K, M_PAD]
         x_offs = m_row[None, :] * stride_xm + kk[:, None]
         r_offs = m_row[None, :] * stride_rm + kk[:, None]
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
     else:  # one row: tiles [BLOCK_K]
         x_offs = kk
         r_offs = kk
         acc_k = tl.zeros([BLOCK_N], tl.float32)
 
     if PROLOGUE == 2:  # the sum of squares of each row of h = x + residual, over the main loop's tiles
-        sum_sq = tl.zeros([BLOCK_M] if USE_DOT else [BLOCK_K], tl.float32)
+        sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
         writer = pid_n == 0  # these programs store h, the new residual
     x_offs += k_lo
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
@@ -203,19 +197,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
 
     m_ok = (m < M)[None, :]
     if split_k > 1:
-        # Partials [tiles, split_k, BLOCK_M, BLOCK_N] float32; only the M real rows are written and read.
-        tile = tl.program_id(0)
-        part_offs = tl.arange(0, BLOCK_M)[None, :] * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
-        tile_part = part_ptr + tile.to(tl.int64) * split_k * (BLOCK_M * BLOCK_N)
-        tl.store(tile_part + pid_k * (BLOCK_M * BLOCK_N) + part_offs, acc, mask=m_ok)
+        # Partials [tiles, split_k, M_PAD, BLOCK_N] float32; only the M real rows are written and read.
+        part_offs = m[None, :] * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+        tile_part = part_ptr + pid_n.to(tl.int64) * split_k * (M_PAD * BLOCK_N)
+        tl.store(tile_part + pid_k * (M_PAD * BLOCK_N) + part_offs, acc, mask=m_ok)
         tl.debug_barrier()  # every thread's partials are issued before the release below
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") != split_k - 1:
+        if tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") != split_k - 1:
             return
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
         for s in range(split_k):  # in split order: the same sum whichever split arrived last
-            acc += tl.load(tile_part + s * (BLOCK_M * BLOCK_N) + part_offs, mask=m_ok, other=0.0,
+            acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0,
                            cache_modifier=".cg")
-        tl.store(count_ptr + tile, 0)
+        tl.store(count_ptr + pid_n, 0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
     tl.store(out_ptr + m[None, :] * stride_om + n[:, None], round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
@@ -235,38 +228,23 @@ def default_config(m: int, n: int, k: int, elem_size: int, sms: int) -> GemvConf
     return GemvConfig(block_n, block_k, split, num_warps=4, num_stages=4 if dot else 3, dot=dot)
 
 
-def rows_key(m: int) -> int:
-    """The row count `CONFIGS` keys M by: 1 (FMA), 16 (2..16 rows, padded to 16), 32 (17..32), else M rounded up
-    to a multiple of 64 (a config tuned at 128 rows serves 65..128)."""
-    return 1 if m == 1 else DECODE_M if m <= DECODE_M else 32 if m <= 32 else -(-m // 64) * 64
+def pick_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig:
+    tuned = CONFIGS.get((1 if m == 1 else MAX_M, n, k)) if dtype.itemsize == 2 else None
+    return tuned or default_config(m, n, k, dtype.itemsize, num_sms(device))
 
 
-def pick_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig | None:
-    """`CONFIGS`' entry for the shape, else the default rule up to 16 rows; None past 16 rows without a tuned
-    entry (cuBLAS is the better kernel there unless measured otherwise)."""
-    tuned = CONFIGS.get((rows_key(m), n, k)) if dtype.itemsize == 2 else None
-    if tuned or m > DECODE_M:
-        return tuned
-    return default_config(m, n, k, dtype.itemsize, num_sms(device))
-
-
-def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_m: int = MAX_M) -> bool:
-    """Whether `gemv` takes this product: CUDA, 1..16 rows of x (a row-strided 2-D view is fine), or up to
-    `max_m` rows where `CONFIGS` has the shape, a contiguous 2-D weight and bias of x's dtype (bf16, fp16 or
-    fp32)."""
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `gemv` takes this product: CUDA, 1..16 rows of x (a row-strided 2-D view is fine), a
+    contiguous 2-D weight and bias of x's dtype (bf16, fp16 or fp32)."""
     k = x.shape[-1] if x.dim() else 0
-    if not (x.is_cuda and x.dtype in DTYPES and weight.dtype == x.dtype and weight.dim() == 2
+    return (x.is_cuda and x.dtype in DTYPES and weight.dtype == x.dtype and weight.dim() == 2
             and weight.shape[1] == k > 0 and weight.shape[0] > 0 and weight.is_contiguous()
-            and x.stride(-1) == 1 and (x.dim() == 2 or x.is_contiguous())
-            and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1] and bias.is_contiguous()))):
-        return False
-    m = x.numel() // k
-    return 1 <= m <= min(max_m, DECODE_M) or (
-        m <= max_m and pick_config(m, weight.shape[0], k, x.dtype, x.device) is not None)
+            and 1 <= x.numel() // k <= MAX_M and x.stride(-1) == 1 and (x.dim() == 2 or x.is_contiguous())
+            and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1] and bias.is_contiguous())))
 
 
 def make_workspace(partials: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A split-K workspace: `partials` float32 partial sums (>= split_k * BLOCK_M * N rounded up to BLOCK_N) and
+    """A split-K workspace: `partials` float32 partial sums (>= split_k * M_PAD * N rounded up to BLOCK_N) and
     `tiles` zeroed int32 arrival counters (>= ceil(N / BLOCK_N))."""
     return (torch.empty(partials, dtype=torch.float32, device=device),
             torch.zeros(tiles, dtype=torch.int32, device=device))
@@ -337,12 +315,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     assert out.shape == (*x.shape[:-1], n) and out.dtype == x.dtype and out.is_contiguous()
     cfg = config or pick_config(m, n, k, x.dtype, x.device)
-    assert cfg is not None, f"no config for {m} x {n} x {k} rows past {DECODE_M}: pass one or use F.linear"
     if prologue == 2 and cfg.split_k > 1:  # its programs need all of K (the sum of squares)
         cfg = replace(cfg, split_k=1)
     assert cfg.dot or m == 1, "the FMA path takes one row"
-    m_pad = cfg.block_m if cfg.dot else 1
-    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, m_pad)
+    m_pad = 16 if cfg.dot else 1
+    tiles = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
     part, count = x2, x2  # placeholders, unused without split-K
     if cfg.split_k > 1:
@@ -354,7 +331,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else x2, out, part, count, res, norm_weight, res_out,
         m, n, k, k_split, cfg.split_k, x2.stride(0), weight.stride(0), n, res.stride(0), res_out.stride(0), eps,
-        BLOCK_M=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(), PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -15,8 +15,7 @@ from torch import nn
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except on CUDA with at most 16 rows (a decode batch), where the Triton GEMV reads the weight
-    at close to full bandwidth (cuBLAS's small-M kernels do not), and up to 256 rows for the shapes the GEMV
-    has tuned configs of (measured faster than cuBLAS there): the one place that choice is made."""
+    at close to full bandwidth (cuBLAS's small-M kernels do not): the one place that choice is made."""
     if x.is_cuda:
         from heron.kernels.gemv import gemv, use_gemv
 
@@ -30,10 +29,9 @@ def norm_linear(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, w
     """A pre-norm block's entry: (linear(norm(x + residual)), x + residual); without a residual (the first
     layer) x itself is the residual. At decode sizes on CUDA, one GEMV kernel does both."""
     if x.is_cuda:
-        from heron.kernels.gemv import DECODE_M, gemv_rms_norm, use_gemv
+        from heron.kernels.gemv import gemv_rms_norm, use_gemv
 
-        # Up to 16 rows: past that each column tile's programs would redo the norm of more rows than it saves
-        fits = use_gemv(x, weight, bias, max_m=DECODE_M) and norm.weight.dtype == x.dtype
+        fits = use_gemv(x, weight, bias) and norm.weight.dtype == x.dtype
         if fits and (residual is None or residual.stride(-1) == 1):
             return gemv_rms_norm(x, residual, norm.weight, norm.eps, weight, bias)
     normed, residual = (norm(x), x) if residual is None else norm(x, residual)
@@ -44,10 +42,9 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode
     sizes on CUDA."""
     if gate_up.is_cuda:
-        from heron.kernels.gemv import DECODE_M, gemv_silu_mul, use_gemv
+        from heron.kernels.gemv import gemv_silu_mul, use_gemv
 
-        # Up to 16 rows: every column tile recomputes silu on its rows (SFU-bound at hundreds of rows)
-        if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, max_m=DECODE_M):
+        if use_gemv(gate_up[..., : weight.shape[1]], weight, bias):
             return gemv_silu_mul(gate_up, weight, bias)
     return linear(silu_and_mul(gate_up), weight, bias)
 
