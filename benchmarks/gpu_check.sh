@@ -26,6 +26,7 @@ for s in $SECTIONS; do case $s in
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
   gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
+  decode-sweep) run decode-sweep python3 -m heron.kernels.bench --decode-only --sweep ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)

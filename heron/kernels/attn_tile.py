@@ -1,5 +1,5 @@
-"""The decode kernel's inner step: one tile of BLOCK_N keys/values gathered from the paged cache through a
-block-table row, folded into a running (online-softmax) accumulator. The prefill kernel has a loop of its own
+"""The decode kernel's inner step: one tile of BLOCK_N keys/values gathered from the paged cache through their
+block ids, folded into a running (online-softmax) accumulator. The prefill kernel has a loop of its own
 (paged_prefill._attend_keys: block-table reads one tile ahead, the scale inside the exponent's FMA), tuned
 for its register budget of two programs per SM.
 
@@ -13,38 +13,33 @@ import triton.language as tl
 
 
 @triton.jit
-def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, n0, kv_len, pos,
+def tile_blocks(bt_row_ptr, n0, kv_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The cache block of each of keys n0 .. n0+BLOCK_N-1 (block 0 past kv_len), int64: token n sits in block
+    bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE (int64: the cache may pass 2**31 elements)."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n < kv_len, other=0).to(tl.int64)
+
+
+@triton.jit
+def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, n0, kv_len,
                 stride_cblk, stride_coff, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                MASK_LEN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1.
-    MASK_LEN: keys n >= kv_len are masked (and not loaded). CAUSAL: row r sees keys n <= pos[r].
-    PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be TF32."""
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1, those
+    n >= kv_len masked (and not loaded); blk: their cache blocks (`tile_blocks`, which the caller may read a
+    tile ahead). PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be TF32."""
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
-    # Token n sits in block bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE; int64 block offsets (the cache
-    # may pass 2**31 elements).
-    if MASK_LEN:
-        n_ok = n < kv_len
-        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE).to(tl.int64)
+    n_ok = n < kv_len
     row_off = blk * stride_cblk + (n % BLOCK_SIZE) * stride_coff + kv_head_off
     kv_off = row_off[:, None] + d[None, :]
-    if MASK_LEN:
-        k = tl.load(k_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_cache_ptr + kv_off)
-        v = tl.load(v_cache_ptr + kv_off)
+    k = tl.load(k_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, BLOCK_N] f32
-    if CAUSAL:
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-    if MASK_LEN:
-        s = tl.where(n_ok[None, :], s, float("-inf"))
+    s = tl.where(n_ok[None, :], s, float("-inf"))
     # Every row has seen at least one unmasked key before or in this tile (callers guarantee it), so m_new
     # is finite and no exp2(-inf - -inf) occurs.
     m_new = tl.maximum(m_i, tl.max(s, 1))

@@ -58,28 +58,55 @@ def _time_graph(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / 1e3 / (reps * iters)
 
 
-def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024,
-                 max_len=2048, sweep=False, seed=0):
-    from heron.kernels.paged_decode import default_num_partitions, paged_decode_attention
+def _decode_call(batch: int, lens: tuple[int, int], seed: int, shape: tuple[int, int, int, int]):
+    """call(cfg) = the paged decode kernel with config cfg on B sequences of uniform random lengths in `lens`
+    (shape: heads, KV heads, head dim, block size); also returns the K/V bytes it reads and the lengths."""
+    from heron.kernels.paged_decode import paged_decode_attention
 
-    dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = torch.randint(min_len, max_len + 1, (batch,), generator=gen).tolist()
-    cache, tables, lens = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    dev, gen = torch.device("cuda"), torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(lens[0], lens[1] + 1, (batch,), generator=gen).tolist()
+    cache, tables, lens_t = _batch(seq_lens, block_size, num_kv_heads, head_dim, dev, gen)
     q = torch.randn(batch, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
     out = torch.empty_like(q)
     kv_bytes = sum(seq_lens) * num_kv_heads * head_dim * 2 * cache.element_size()
-    scale = head_dim ** -0.5
-    default_p = default_num_partitions(batch, num_kv_heads, dev)
+    call = lambda cfg: paged_decode_attention(q, cache, tables, lens_t, head_dim ** -0.5, out=out, **cfg)  # noqa
+    return call, kv_bytes, seq_lens
+
+
+def _decode_kernel_call(build):
+    return build()[0]
+
+
+def _decode_configs(default_p: int) -> list[dict]:
+    """The decode sweep: the plain loop (the kernel's num_stages pipelining K/V) and tl.range loops (every load
+    pipelined, block ids read in-tile or a tile ahead), tiles of 32-128 keys, 4/8 warps, P and 2P partitions."""
+    out = []
+    for p, bn, w in itertools.product((default_p, 2 * default_p), (32, 64, 128), (4, 8)):
+        out += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s) for s in (2, 3)]
+        out += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s, loop_stages=s, ahead=a)
+                for s in (2, 3, 4) for a in (False, True)]
+    return out
+
+
+def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024,
+                 max_len=2048, sweep=False, seed=0):
+    import functools
+
+    from heron.kernels.paged_decode import default_num_partitions
+
+    shape = (num_heads, num_kv_heads, head_dim, block_size)
+    build = functools.partial(_decode_call, batch, (min_len, max_len), seed, shape)
+    call, kv_bytes, seq_lens = build()
+    default_p = default_num_partitions(batch, num_kv_heads, torch.device("cuda"))
     print(f"decode B={batch} H={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
           f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
           f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}")
     configs = [dict(num_partitions=None)]
     if sweep:
-        configs += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s)
-                    for p, bn, w, s in itertools.product([1, 2, 4, 8], [32, 64, 128], [4, 8], [1, 2, 3])]
-    _time_configs(configs, lambda cfg: paged_decode_attention(q, cache, tables, lens, scale, out=out, **cfg),
-                  lambda t: f"{kv_bytes / t / 1e12:5.2f} TB/s", iters=50, best=sweep)
+        configs += _decode_configs(default_p)
+        _compile_ahead(functools.partial(_decode_kernel_call, build), configs)
+    _time_configs(configs, call, lambda t: f"{kv_bytes / t / 1e12:5.2f} TB/s", iters=50, best=sweep)
 
 
 def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> None:
@@ -518,6 +545,7 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true",
                     help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
+    ap.add_argument("--decode-only", action="store_true", help="only the paged decode kernel (with --sweep: tune it)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
     ap.add_argument("--rows", help="with --gemv: comma-separated row counts (default: %s)" % ",".join(map(str, GEMV_ROWS)))
     args = ap.parse_args()
@@ -530,6 +558,10 @@ def main() -> None:
         return
     if args.prefill_only:
         bench_prefill(sweep=args.sweep)
+        return
+    if args.decode_only:  # the `kernels` benchmark's case, then offline Qwen3-8B decode steps (batch ~200, ~100)
+        for batch, lo, hi in ((args.batch, 1024, 2048), (200, 500, 1200), (100, 800, 1600)):
+            bench_decode(batch=batch, min_len=lo, max_len=hi, sweep=args.sweep)
         return
     bench_decode(batch=args.batch, sweep=args.sweep)
     bench_decode(batch=args.batch, head_dim=64, num_heads=32, num_kv_heads=8)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision
+from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, tile_blocks
 from heron.kernels.common import check_cache, dot_upcast, num_sms
 
 
@@ -37,7 +37,8 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                         LOOP_STAGES: tl.constexpr, AHEAD: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -68,10 +69,26 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     kv_head_off = kvh * stride_ch
-    for t in range(t_begin, t_end):
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, t * BLOCK_N,
-                                    seq_len, m_i, stride_cblk, stride_coff, qk_scale,
-                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, UPCAST, PRECISION)
+    if LOOP_STAGES == 0:  # a plain loop: the kernel's num_stages pipelines the K/V loads (they feed dots)
+        for t in range(t_begin, t_end):
+            blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
+                                        seq_len, stride_cblk, stride_coff, qk_scale,
+                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
+    elif AHEAD:  # block ids read one tile ahead, so the K/V copies of a tile need not wait on the table
+        blk = tile_blocks(bt_row, t_begin * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+        for t in tl.range(t_begin, t_end, num_stages=LOOP_STAGES):
+            blk_next = tile_blocks(bt_row, (t + 1) * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
+                                        seq_len, stride_cblk, stride_coff, qk_scale,
+                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
+            blk = blk_next
+    else:  # tl.range pipelines every load of the loop, the block-table read included
+        for t in tl.range(t_begin, t_end, num_stages=LOOP_STAGES):
+            blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
+                                        seq_len, stride_cblk, stride_coff, qk_scale,
+                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if NUM_PARTS == 1:
@@ -140,7 +157,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
                            seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                            num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
                            workspace: DecodeWorkspace | None = None,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
+                           loop_stages: int = 0, ahead: bool = False) -> torch.Tensor:
     """Decode attention over the paged cache.
 
     q [B, H, D] (one query per sequence, row b is sequence b), or, with `query_start_loc` [B + 1] int32,
@@ -187,7 +205,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages)
+        PRECISION=dot_precision(kv_cache.dtype), LOOP_STAGES=loop_stages, AHEAD=ahead, num_warps=num_warps,
+        num_stages=num_stages)
     return out
 
 
