@@ -79,14 +79,9 @@ def _decode_kernel_call(build):
 
 
 def _decode_configs(default_p: int) -> list[dict]:
-    """The decode sweep: the plain loop (the kernel's num_stages pipelining K/V) and tl.range loops (every load
-    pipelined, block ids read in-tile or a tile ahead), tiles of 32-128 keys, 4/8 warps, P and 2P partitions."""
-    out = []
-    for p, bn, w in itertools.product((default_p, 2 * default_p), (32, 64, 128), (4, 8)):
-        out += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s) for s in (2, 3)]
-        out += [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s, loop_stages=s, ahead=a)
-                for s in (2, 3, 4) for a in (False, True)]
-    return out
+    """The decode sweep: P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages."""
+    return [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s)
+            for p, bn, w, s in itertools.product((default_p, 2 * default_p), (32, 64, 128), (4, 8), (2, 3))]
 
 
 def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024,

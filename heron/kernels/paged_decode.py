@@ -37,8 +37,7 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                         LOOP_STAGES: tl.constexpr, AHEAD: tl.constexpr):
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -69,26 +68,11 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     kv_head_off = kvh * stride_ch
-    if LOOP_STAGES == 0:  # a plain loop: the kernel's num_stages pipelines the K/V loads (they feed dots)
-        for t in range(t_begin, t_end):
-            blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
-                                        seq_len, stride_cblk, stride_coff, qk_scale,
-                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
-    elif AHEAD:  # block ids read one tile ahead, so the K/V copies of a tile need not wait on the table
-        blk = tile_blocks(bt_row, t_begin * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
-        for t in tl.range(t_begin, t_end, num_stages=LOOP_STAGES):
-            blk_next = tile_blocks(bt_row, (t + 1) * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
-                                        seq_len, stride_cblk, stride_coff, qk_scale,
-                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
-            blk = blk_next
-    else:  # tl.range pipelines every load of the loop, the block-table read included
-        for t in tl.range(t_begin, t_end, num_stages=LOOP_STAGES):
-            blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
-                                        seq_len, stride_cblk, stride_coff, qk_scale,
-                                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
+    for t in range(t_begin, t_end):  # the kernel's num_stages pipelines the K/V loads (they feed dots)
+        blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
+                                    seq_len, stride_cblk, stride_coff, qk_scale,
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if NUM_PARTS == 1:
@@ -135,8 +119,12 @@ def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.dev
     return min(16, triton.next_power_of_2(max(1, want)))
 
 
-def default_block_n(block_size: int) -> int:
-    return max(64, block_size)
+def default_block_n(block_size: int, num_partitions: int) -> int:
+    """Keys per tile: 128 when each program has a long run of keys (at most two partitions: batch x KV heads
+    fill the GPU), 64 for short split runs (small batches). Swept on an H200 (perf_notes run 20): 128 keys with
+    3 stages took batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the `kernels` case
+    (batch 64, P 2) 105.5 -> 103."""
+    return max(128 if num_partitions <= 2 else 64, block_size)
 
 
 DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -157,8 +145,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
                            seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                            num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
                            workspace: DecodeWorkspace | None = None,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
-                           loop_stages: int = 0, ahead: bool = False) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int = 4,
+                           num_stages: int | None = None) -> torch.Tensor:
     """Decode attention over the paged cache.
 
     q [B, H, D] (one query per sequence, row b is sequence b), or, with `query_start_loc` [B + 1] int32,
@@ -185,7 +173,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     group = num_heads // num_kv_heads
     if num_partitions is None:
         num_partitions = default_num_partitions(batch, num_kv_heads, q.device)
-    block_n = block_n or default_block_n(block_size)
+    block_n = block_n or default_block_n(block_size, num_partitions)
     if num_partitions > 1:
         if workspace is None:
             workspace = make_decode_workspace(batch, num_heads, num_kv_heads, head_dim, num_partitions, q.device)
@@ -205,8 +193,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), LOOP_STAGES=loop_stages, AHEAD=ahead, num_warps=num_warps,
-        num_stages=num_stages)
+        PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps,
+        num_stages=num_stages or (3 if block_n >= 128 else 2))
     return out
 
 

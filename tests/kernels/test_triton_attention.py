@@ -68,22 +68,6 @@ def test_paged_decode(dtype, heads, head_dim, block_size, parts, seq_lens):
                  "decode vs paged_decode_ref")
 
 
-@pytest.mark.parametrize("loop", [dict(loop_stages=2), dict(loop_stages=3, ahead=True)], ids=["range", "ahead"])
-@pytest.mark.parametrize("heads,head_dim,block_size,parts,seq_lens", DECODE_CASES[1:3])
-def test_paged_decode_pipelined_loops(loop, heads, head_dim, block_size, parts, seq_lens):
-    """The tl.range key loops (block ids read in the tile or a tile ahead) give the plain loop's result."""
-    num_heads, num_kv_heads = heads
-    gen = _gen(7 + parts)
-    meta = make_batch(seq_lens, [1] * len(seq_lens), block_size, DEVICE, gen)
-    cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
-    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    call = lambda **kw: paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.1, out=_nan_like(q),  # noqa
-                                               num_partitions=parts, block_n=16, **kw)
-    out = call(**loop)
-    assert_close(out, _oracle(q, cache, meta, 0.1), torch.bfloat16, f"decode {loop} vs torch_ref")
-    assert torch.equal(out, call()), "the same tiles in the same order: the same sums"
-
-
 def test_paged_decode_empty_sequence_gives_zeros():
     """A padded batch entry (seq_len 0) yields zeros, not NaN, with one or several partitions."""
     gen = _gen(3)
