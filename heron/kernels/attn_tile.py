@@ -26,8 +26,8 @@ def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, n0
                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1, those
-    n >= kv_len masked (and not loaded); blk: their cache blocks (`tile_blocks`, which the caller may read a
-    tile ahead). PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be TF32."""
+    n >= kv_len masked (and not loaded); blk: their cache blocks (`tile_blocks`). PRECISION: tl.dot's
+    input_precision; "ieee" for a float32 cache, whose default would be TF32."""
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     n_ok = n < kv_len

@@ -9,8 +9,9 @@ just that, e.g. with --sweep).
 `python -m heron.kernels.bench --vs-flashinfer [--save-result]`: the recorded `kernels` benchmark, ours
 against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved as benchmarks/results/kernels.json.
 
-`python -m heron.kernels.bench --gemv [--sweep] [--only qwen|llama]`: the decode weight GEMMs, heron.kernels.gemv
-against cuBLAS (`bench_gemv`); --sweep searches gemv's configs per shape.
+`python -m heron.kernels.bench --gemv [--sweep] [--only qwen|llama] [--rows 1,8,16,...]`: the decode weight GEMMs,
+heron.kernels.gemv against cuBLAS (and cuBLASLt past 16 rows) (`bench_gemv`); --sweep searches gemv's configs per
+shape. `--decode-only [--sweep]`: the decode kernel on the `kernels` case and two offline Qwen3-8B decode steps.
 """
 
 from __future__ import annotations
@@ -542,7 +543,8 @@ def main() -> None:
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--decode-only", action="store_true", help="only the paged decode kernel (with --sweep: tune it)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
-    ap.add_argument("--rows", help="with --gemv: comma-separated row counts (default: %s)" % ",".join(map(str, GEMV_ROWS)))
+    ap.add_argument("--rows", help="with --gemv: comma-separated row counts (default: %s)"
+                    % ",".join(map(str, GEMV_ROWS)))
     args = ap.parse_args()
     if args.gemv:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMV_ROWS
