@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A/B of one `heron` command between two source trees on the same machine, interleaved A B A B ...: device
+# machines differ by a few % from call to call (session 5: the same engine ran the offline Qwen3-8B workload
+# at 9,265 and 9,539 tokens/s in two calls), so a change is timed against its parent inside one call.
+#
+#   git archive --format=tar --prefix=a/ <base commit> > .ab-a.tar
+#   git archive --format=tar --prefix=b/ HEAD > .ab-b.tar      # carry both, then on the device:
+#   tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
+#   bash benchmarks/ab.sh /tmp/a /tmp/b 2 bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy ...
+#
+# Arguments: tree A, tree B, rounds, then the `heron` CLI arguments. Prints each run's "Heron, ..." result row
+# (the throughput table's) or, failing that, its last line; each run's log goes to $OUT/ab-<tree>-<round>.log.
+set -u
+A=$1 B=$2 ROUNDS=$3; shift 3
+OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT"
+for round in $(seq "$ROUNDS"); do
+  for tree in "$A" "$B"; do
+    log="$OUT/ab-$(basename "$tree")-$round.log"
+    (cd "$tree" && PYTHONPATH="$tree:${SITE:-/tmp/site}" python3 -m heron.entrypoints.cli "$@") > "$log" 2>&1
+    row=$(grep -a "| Heron" "$log" | head -1)
+    echo "$(basename "$tree") round $round: ${row:-$(tail -1 "$log")}"
+  done
+done
