@@ -80,9 +80,10 @@ def _decode_kernel_call(build):
 
 
 def _decode_configs(default_p: int) -> list[dict]:
-    """The decode sweep: P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages."""
+    """The decode sweep: P / 2, P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages."""
+    parts = sorted({max(1, default_p // 2), default_p, 2 * default_p})
     return [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s)
-            for p, bn, w, s in itertools.product((default_p, 2 * default_p), (32, 64, 128), (4, 8), (2, 3))]
+            for p, bn, w, s in itertools.product(parts, (32, 64, 128), (4, 8), (2, 3))]
 
 
 def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024,
