@@ -119,12 +119,13 @@ def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.dev
     return min(16, triton.next_power_of_2(max(1, want)))
 
 
-def default_block_n(block_size: int, num_partitions: int) -> int:
-    """Keys per tile: 128 when each program has a long run of keys (at most two partitions: batch x KV heads
-    fill the GPU), 64 for short split runs (small batches). Swept on an H200 (perf_notes run 20): 128 keys with
-    3 stages took batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the `kernels` case
-    (batch 64, P 2) 105.5 -> 103."""
-    return max(128 if num_partitions <= 2 else 64, block_size)
+def default_block_n(block_size: int, num_partitions: int, elem_size: int) -> int:
+    """Keys per tile: 128 for a 16-bit cache when each program has a long run of keys (at most two partitions:
+    batch x KV heads fill the GPU), else 64. Swept on an H200 (perf_notes run 20): 128 keys with 3 stages took
+    batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the `kernels` case (batch 64,
+    P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared memory at D 128 (sm_90
+    build), more than GPUs with ~100 KB per SM have."""
+    return max(128 if num_partitions <= 2 and elem_size <= 2 else 64, block_size)
 
 
 DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -173,7 +174,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     group = num_heads // num_kv_heads
     if num_partitions is None:
         num_partitions = default_num_partitions(batch, num_kv_heads, q.device)
-    block_n = block_n or default_block_n(block_size, num_partitions)
+    block_n = block_n or default_block_n(block_size, num_partitions, kv_cache.element_size())
     if num_partitions > 1:
         if workspace is None:
             workspace = make_decode_workspace(batch, num_heads, num_kv_heads, head_dim, num_partitions, q.device)
@@ -194,7 +195,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
         PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps,
-        num_stages=num_stages or (3 if block_n >= 128 else 2))
+        num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2))
     return out
 
 

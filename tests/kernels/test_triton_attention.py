@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
-from heron.kernels.paged_decode import (_paged_decode_kernel, make_decode_workspace,  # noqa: E402
+from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, make_decode_workspace,  # noqa: E402
                                         paged_decode_attention, paged_decode_ref)
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
 from heron.models.layers import write_kv_torch  # noqa: E402
@@ -66,6 +66,14 @@ def test_paged_decode(dtype, heads, head_dim, block_size, parts, seq_lens):
     assert_close(out, _oracle(q, cache, meta, scale), dtype, "decode vs torch_ref")
     assert_close(out, paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale), dtype,
                  "decode vs paged_decode_ref")
+
+
+def test_decode_tile_follows_partitions_and_cache_dtype():
+    """128-key tiles only for a 16-bit cache with <= 2 partitions (large batches); a float32 cache keeps 64
+    (128 would not fit in the shared memory of ~100 KB GPUs); the block size is a floor."""
+    assert default_block_n(16, 1, 2) == default_block_n(16, 2, 2) == 128
+    assert default_block_n(16, 4, 2) == default_block_n(16, 1, 4) == 64
+    assert default_block_n(256, 16, 4) == 256
 
 
 def test_paged_decode_empty_sequence_gives_zeros():
