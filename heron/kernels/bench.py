@@ -123,23 +123,17 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
         print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
 
 
-def _prefill_inputs(prefix: list[int], q_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                    block_size: int, gen: torch.Generator):
-    """q_len new tokens per sequence over cached prefixes of the given lengths: (q, cache, tables, seq_lens,
-    query_start_loc, out)."""
-    dev, b = torch.device("cuda"), len(prefix)
+def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, int, int, int]):
+    """call(cfg) = the paged prefill kernel with config cfg on q_len new tokens per sequence over cached prefixes
+    of the given lengths (shape: heads, KV heads, head dim, block size); the sweep's builder."""
+    from heron.kernels.paged_prefill import paged_prefill_attention
+
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    dev, gen, b = torch.device("cuda"), torch.Generator().manual_seed(seed), len(prefix)
     cache, tables, lens = _batch([n + q_len for n in prefix], block_size, num_kv_heads, head_dim, dev, gen)
     qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32, device=dev)
     q = torch.randn(b * q_len, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
-    return q, cache, tables, lens, qsl, torch.empty_like(q)
-
-
-def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, int, int, int]):
-    """call(cfg) = the paged prefill kernel with config cfg on `_prefill_inputs` (the sweep's builder)."""
-    from heron.kernels.paged_prefill import paged_prefill_attention
-
-    q, cache, tables, lens, qsl, out = _prefill_inputs(prefix, q_len, *shape, torch.Generator().manual_seed(seed))
-    scale = shape[2] ** -0.5
+    out, scale = torch.empty_like(q), head_dim ** -0.5
     return lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale, out=out, **cfg)
 
 
@@ -484,20 +478,21 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
             weights, nbytes = _weight_copies(n, k, dev), 2 * n * k
             step_bytes += count * nbytes
             print(f"{model} {name} N={n} K={k} ({nbytes / 1e6:.1f} MB, x{count} per step)")
-            xs, default, cublas = {}, {}, {}
+            xs, default = {}, {}
             for m in rows:
                 x = xs[m] = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-                t_torch = cublas[m] = _time_rotating(lambda w: F.linear(x, w), weights)
+                t_torch = _time_rotating(lambda w: F.linear(x, w), weights)
                 line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
                         f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
                 step[m][0] += count * t_torch
                 if m > MAX_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
+                    before = torch.backends.cuda.preferred_blas_library()  # restored below
                     torch.backends.cuda.preferred_blas_library("cublaslt")
                     t_lt = _time_rotating(lambda w: F.linear(x, w), weights)
-                    torch.backends.cuda.preferred_blas_library("cublas")
+                    torch.backends.cuda.preferred_blas_library(before)
                     line += f" | cublasLt {t_lt * 1e6:8.1f} us x{t_torch / t_lt:4.2f}"
                     lt[m] += count * t_lt
-                if m <= MAX_M:
+                else:
                     cfg = pick_config(m, n, k, x.dtype, dev)
                     t = default[m] = _time_rotating(lambda w: gemv(x, w), weights)
                     ref = F.linear(x.float(), weights[0].float())
