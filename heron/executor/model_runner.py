@@ -24,8 +24,10 @@ from heron.executor.attention import AttentionMetadata, get_backend_cls
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
+from heron.models import blas
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
+from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 from heron.models.registry import get_model_cls
 from heron.outputs import Logprobs
 
@@ -58,6 +60,8 @@ class ModelRunner:
         self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim ** -0.5)
         self.model = self._load_model(source)
         sched = config.scheduler
+        if device.type == "cuda":
+            self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
         self.backend.reserve(sched.max_num_seqs, device, dtype=self.dtype, block_size=self.block_size,
                              max_blocks_per_seq=max_blocks)
@@ -102,6 +106,20 @@ class ModelRunner:
         logger.info("loaded %s (%.0f M parameters, %s) in %.1f s", source.name,
                     sum(p.numel() for p in model.parameters()) / 1e6, self.dtype, time.perf_counter() - start)
         return model
+
+    def _tune_matmuls(self) -> None:
+        """cuBLAS or cuBLASLt for each projection at each row count a step can run as (heron/models/blas.py):
+        the decode batch sizes past the GEMV's 16 rows, the small-step graphs' token counts and the step
+        budget (the choice at a row count covers the counts below it down to the next one)."""
+        from heron.kernels.gemv import MAX_M as GEMV_MAX_ROWS
+
+        sched = self.config.scheduler
+        keys = GraphKeys.plan(sched.max_num_seqs, sched.max_num_batched_tokens, prefill=True)
+        rows = [m for m in {*keys.decode_sizes, *(t for t, _ in keys.prefill), sched.max_num_batched_tokens}
+                if m > GEMV_MAX_ROWS]
+        weights = [m.weight for m in self.model.modules()
+                   if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
+        logger.info(blas.tune_and_summarise(weights, rows))
 
     # -- the KV cache ------------------------------------------------------------------------------------------
 

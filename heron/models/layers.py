@@ -12,15 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from heron.models import blas
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except on CUDA with at most 16 rows (a decode batch), where the Triton GEMV reads the weight
-    at close to full bandwidth (cuBLAS's small-M kernels do not): the one place that choice is made."""
+    at close to full bandwidth (cuBLAS's small-M kernels do not), and where a tuned weight ran faster in
+    cuBLASLt at this many rows (heron/models/blas.py): the one place these choices are made."""
     if x.is_cuda:
         from heron.kernels.gemv import gemv, use_gemv
 
         if use_gemv(x, weight, bias):
             return gemv(x, weight, bias)
+        if blas.wants_lt(weight, x.numel() // x.shape[-1]):
+            return blas.linear_lt(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
