@@ -17,7 +17,7 @@ for round in $(seq "$ROUNDS"); do
   for tree in "$A" "$B"; do
     log="$OUT/ab-$(basename "$tree")-$round.log"
     (cd "$tree" && PYTHONPATH="$tree:${SITE:-/tmp/site}" python3 -m heron.entrypoints.cli "$@") > "$log" 2>&1
-    row=$(grep -a "| Heron" "$log" | head -1)
+    row=$(grep -a "^| Heron," "$log" | head -1)
     echo "$(basename "$tree") round $round: ${row:-$(tail -1 "$log")}"
   done
 done
