@@ -282,11 +282,10 @@ class ModelRunner:
 
     def _graph_forward(self, key: GraphKey, d: SimpleNamespace, meta: AttentionMetadata) -> torch.Tensor:
         """What a graph runs: the model over its rows; a decode graph then the LM head of all of them into
-        `_graph_logits` (compute_logits is lm_head(hidden).float(): copy_ into the float32 buffer does the
-        conversion in the one kernel .float() would). Returns the hidden states."""
+        `_graph_logits`. Returns the hidden states."""
         hidden = self.model(d.input_ids, d.positions, meta)
         if is_decode(key):
-            self._graph_logits[: key[0]].copy_(self.model.lm_head(hidden))
+            self.model.compute_logits(hidden, out=self._graph_logits[: key[0]])
         return hidden
 
     # -- one step -------------------------------------------------------------------------------------------------

@@ -108,8 +108,9 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits [T, vocab] of the final hidden states (into `out` if given)."""
+        return self.lm_head.float_logits(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hand each checkpoint tensor (Hugging Face name, full shape) to its parameter's loader, which

@@ -134,3 +134,15 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits)[..., : self.num_embeddings]
+
+    def float_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits of hidden [T, H] (written into `out` if given). At world size 1 on CUDA past the
+        GEMV's rows one matmul writes float32 straight from 16-bit operands, instead of 16-bit logits and a
+        conversion pass over them (Qwen3-8B's head at 200 rows on an H200: 389 against 488 us)."""
+        if self.tp_size == 1 and hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
+            from heron.kernels.gemv import use_gemv
+
+            if not use_gemv(hidden, self.weight):
+                return torch.mm(hidden, self.weight.t(), out_dtype=torch.float32, out=out)
+        logits = self(hidden)
+        return logits.float() if out is None else out.copy_(logits)

@@ -34,6 +34,24 @@ def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
     assert [p.shape for p in (col.weight, row.weight, emb.weight)] == [w.shape] * 3
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("rows", [3, 40])  # on CUDA: the GEMV's rows, and one float32-output matmul
+def test_float_logits_are_the_heads_logits_in_float32(device, rows):
+    torch.manual_seed(0)
+    head = ParallelLMHead(300, 64).to(device=device, dtype=torch.bfloat16)
+    head.weight.data.normal_(std=0.05)
+    hidden = torch.randn(rows, 64, device=device, dtype=torch.bfloat16)
+    ref = F.linear(hidden.float(), head.weight.float())
+    got = head.float_logits(hidden)
+    assert got.dtype == torch.float32 and got.shape == (rows, 300)
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)  # (16-bit logits rounded, or float32 ones)
+    out = torch.full((rows + 2, 300), float("nan"), device=device)
+    assert head.float_logits(hidden, out=out[:rows]).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out[:rows], got, rtol=0, atol=0)
+    assert out[rows:].isnan().all()
+
+
 def test_a_checkpoint_tensor_of_the_wrong_shape_is_named_in_the_error():
     col = ColumnParallelLinear(16, [8, 4], bias=False)
     with pytest.raises(ValueError, match=r"has shape \(4, 15\), expected \(4, 16\)"):
