@@ -19,8 +19,9 @@ for s in $SECTIONS; do case $s in
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
         tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
   graph-tests)  # CUDA graphs of prefill and mixed steps: engine outputs against enforce_eager, padded attention
-    run graph-tests python3 -m pytest -q -p no:cacheprovider tests/executor/test_model_runner.py tests/models/test_blas.py tests/models/test_parallel_linear.py \
-        tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py -k "graph or cuda" ;;
+    run graph-tests python3 -m pytest -q -p no:cacheprovider tests/executor/test_model_runner.py \
+        tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py tests/models/test_blas.py \
+        tests/models/test_parallel_linear.py -k "graph or cuda" ;;
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
     run gemv-bench python3 -m heron.kernels.bench --gemv ;;
