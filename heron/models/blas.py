@@ -7,7 +7,7 @@ own weights at the row counts the engine runs (its CUDA graphs' sizes and its st
 outcome on each weight; `linear` (heron/models/layers.py) asks `wants_lt` before a matmul and, where
 cuBLASLt won, switches the library for that one call and restores the process's own preference after it, so
 a user's own matmuls in the same process are left as they were. A row count between two tuned ones takes the
-choice of the next one up: a captured step runs padded to that size, and an eager step is timed by it.
+choice of the next one up, the size a captured step of that many rows runs padded to.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def time_on_gpu(weights: list[torch.Tensor], x: torch.Tensor, rounds: int = 2) -
     """(default, cuBLASLt) seconds of GPU time for x @ w.T over each of `weights` in turn, the best of `rounds`
     (the two in turn in each), by CUDA events. A sleep kernel holds the GPU while the host queues every call,
     so launch time is not counted."""
-    linear_lt(x, weights[0]), F.linear(x, weights[0])  # a first call may set up a library's handle or workspace
+    linear_lt(x, weights[0])  # a first call may set up a library's handle or workspace
+    F.linear(x, weights[0])
     events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * rounds + 1)]
     torch.cuda._sleep(40_000 * len(weights) * rounds)  # ~10 us a queued call at ~2 GHz
     events[0].record()

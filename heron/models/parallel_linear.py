@@ -22,6 +22,8 @@ from heron.distributed import (get_tp_rank, get_tp_world_size, tensor_model_para
                                tensor_model_parallel_all_reduce)
 from heron.models.layers import linear, swiglu_linear
 
+MM_FLOAT32_OUT = "dtype_out" in torch.ops.aten.mm.overloads()  # torch.mm(..., out_dtype=) (recent PyTorch)
+
 
 def _divide(size: int, world_size: int, what: str) -> int:
     if size % world_size:
@@ -139,7 +141,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         """float32 logits of hidden [T, H] (written into `out` if given). At world size 1 on CUDA past the
         GEMV's rows one matmul writes float32 straight from 16-bit operands, instead of 16-bit logits and a
         conversion pass over them (Qwen3-8B's head at 200 rows on an H200: 389 against 488 us)."""
-        if self.tp_size == 1 and hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
+        sixteen_bit = hidden.dtype in (torch.bfloat16, torch.float16)
+        if MM_FLOAT32_OUT and self.tp_size == 1 and hidden.is_cuda and sixteen_bit:
             from heron.kernels.gemv import use_gemv
 
             if not use_gemv(hidden, self.weight):
