@@ -48,21 +48,26 @@ def linear_lt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 def time_on_gpu(weights: list[torch.Tensor], x: torch.Tensor, rounds: int = 2) -> tuple[float, float]:
     """(default, cuBLASLt) seconds of GPU time for x @ w.T over each of `weights` in turn, the best of `rounds`
-    (the two in turn in each), by CUDA events. A sleep kernel holds the GPU while the host queues every call,
-    so launch time is not counted."""
-    linear_lt(x, weights[0])  # a first call may set up a library's handle or workspace
-    F.linear(x, weights[0])
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * rounds + 1)]
-    torch.cuda._sleep(40_000 * len(weights) * rounds)  # ~10 us a queued call at ~2 GHz
+    (the two in turn in each), by CUDA events; cuBLASLt's is inf where it refuses the shape or dtype. A sleep
+    kernel holds the GPU while the host queues every call, so launch time is not counted."""
+    calls = [F.linear]
+    F.linear(x, weights[0])  # a first call may set up a library's handle or workspace
+    try:
+        linear_lt(x, weights[0])
+        calls.append(linear_lt)
+    except RuntimeError:  # no cuBLASLt kernel for this problem (e.g. unaligned rows): cuBLAS keeps it
+        pass
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(calls) * rounds + 1)]
+    torch.cuda._sleep(20_000 * len(weights) * len(calls) * rounds)  # ~10 us a queued call at ~2 GHz
     events[0].record()
-    for i in range(2 * rounds):
-        call = linear_lt if i % 2 else F.linear
+    for i in range(len(calls) * rounds):
         for w in weights:
-            call(x, w)
+            calls[i % len(calls)](x, w)
         events[i + 1].record()
     events[-1].synchronize()
     ms = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
-    return min(ms[0::2]) / 1e3, min(ms[1::2]) / 1e3
+    best = [min(ms[j::len(calls)]) / 1e3 for j in range(len(calls))]
+    return best[0], best[1] if len(best) > 1 else float("inf")
 
 
 def tune(weights: Iterable[torch.Tensor], rows: list[int], timer: Timer = time_on_gpu) -> dict:

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,50 @@ def test_large_row_counts_are_timed_over_a_few_copies_and_scaled():
     assert found[(blas.ROTATE_MAX_ROWS + 1, 4, 4)] == (10.0, 20.0)  # scaled to all ten copies
 
 
+class _FakeEvent:
+    """torch.cuda.Event on the host clock: what time_on_gpu's control flow needs, without a GPU."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3
+
+
+@pytest.mark.parametrize("lt_refuses", [False, True])
+def test_time_on_gpu_times_both_libraries_in_turn_and_survives_a_refusal(monkeypatch, lt_refuses):
+    calls = []
+
+    def fake_lt(x, w, b=None):
+        calls.append("lt")
+        if lt_refuses:
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        time.sleep(0.002)  # cuBLASLt "slower" here
+        return x @ w.T
+
+    def fake_default(x, w, b=None):
+        calls.append("default")
+        return x @ w.T
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(blas, "linear_lt", fake_lt)
+    monkeypatch.setattr(blas.F, "linear", fake_default)
+    ws = [torch.randn(4, 8) for _ in range(3)]
+    t_default, t_lt = blas.time_on_gpu(ws, torch.randn(2, 8), rounds=2)
+    if lt_refuses:  # one refused try, then the default alone: a warm-up and 2 rounds over the 3 copies
+        assert calls == ["default", "lt"] + ["default"] * 6 and t_lt == float("inf") and t_default >= 0
+    else:  # warm-ups, then default and cuBLASLt in turn
+        assert calls == ["default", "lt"] + (["default"] * 3 + ["lt"] * 3) * 2
+        assert t_lt >= 3 * 0.002 > t_default
+
+
 def test_summary_sums_a_step_per_row_count():
     found = {(32, 12, 8): (3e-3, 6e-3), (32, 8, 16): (6e-3, 3e-3), (64, 8, 16): (1e-3, 1e-3)}
     line = blas.summary(found, 1.25)
@@ -74,3 +120,6 @@ def test_cublaslt_choice_on_cuda_matches_cublas_and_restores_the_preference():
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(out.float(), F.linear(x.float(), ws[1].float()), rtol=2e-2, atol=2e-2)
+    odd = [torch.randn(24, 4097, device=dev, dtype=torch.bfloat16)]  # rows 8194 bytes apart: unaligned
+    t_default, t_lt = blas.time_on_gpu(odd, torch.randn(40, 4097, device=dev, dtype=torch.bfloat16))
+    assert t_default > 0 and t_lt > 0  # (inf where cuBLASLt has no kernel for it)
