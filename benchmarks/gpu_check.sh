@@ -28,6 +28,8 @@ for s in $SECTIONS; do case $s in
   gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
   decode-sweep) run decode-sweep python3 -m heron.kernels.bench --decode-only --sweep ;;
+  blas-probe) run blas-probe python3 benchmarks/blas_probe.py ;;  # cuBLAS / cuBLASLt / TunableOp per projection
+  cublaslt-probe) run cublaslt-probe python3 benchmarks/cublaslt_probe.py ;;  # cuBLASLt's other candidates
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
