@@ -13,27 +13,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, ".")
+from heron.kernels.bench import _time_graph  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per step)
 ROWS = (32, 64, 96, 128, 160, 192, 200, 224, 256, 8192)
-
-
-def _time(fn, reps: int = 5) -> float:
-    """Seconds per call of fn by CUDA-graph replay, the best of `reps` replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
 
 
 def main(rows: tuple[int, ...]) -> None:
@@ -58,13 +43,13 @@ def main(rows: tuple[int, ...]) -> None:
             t = []
             for lib in ("cublas", "cublaslt"):
                 torch.backends.cuda.preferred_blas_library(lib)
-                t.append(_time(run) / len(ws))
+                t.append(_time_graph(run, iters=1) / len(ws))
             torch.backends.cuda.preferred_blas_library("cublas")
             tunable.enable(True)
             tunable.tuning_enable(True)
             ref = F.linear(x, ws[0])  # tunes this shape
             tunable.tuning_enable(False)
-            t.append(_time(run) / len(ws))
+            t.append(_time_graph(run, iters=1) / len(ws))
             diff = (F.linear(x, ws[0]).float() - ref.float()).abs().max().item()
             tunable.enable(False)
             base = F.linear(x, ws[0]).float()
@@ -87,8 +72,8 @@ def main(rows: tuple[int, ...]) -> None:
     for m in (64, 200, 256):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         out = torch.empty(m, n, device=dev, dtype=torch.float32)
-        a = _time(lambda: out.copy_(F.linear(x, w)))
-        b = _time(lambda: torch.mm(x, w.t(), out_dtype=torch.float32, out=out))
+        a = _time_graph(lambda: out.copy_(F.linear(x, w)), iters=1)
+        b = _time_graph(lambda: torch.mm(x, w.t(), out_dtype=torch.float32, out=out), iters=1)
         diff = (torch.mm(x, w.t(), out_dtype=torch.float32) - F.linear(x.float(), w.float())).abs().max().item()
         print(f"  M={m}: {a * 1e6:7.1f} {b * 1e6:7.1f}  (float32 out vs float32 reference max|diff| {diff:.3g})")
 

@@ -22,6 +22,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, ".")
+from heron.kernels.bench import _time_graph  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per decode step)
 ROWS = (32, 64, 128, 192, 200, 256)
@@ -115,24 +118,6 @@ class Lt:
             min(cand.workspaceSize, WORKSPACE), stream), "cublasLtMatmul")
 
 
-def _time(fn, reps: int = 5) -> float:
-    """Seconds per call of fn by CUDA-graph replay, the best of `reps` replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
-
-
 def main(rows: tuple[int, ...]) -> None:
     lt, dev = Lt(), torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, f"cuBLASLt candidates (up to {REQUESTED}) per problem")
@@ -147,7 +132,7 @@ def main(rows: tuple[int, ...]) -> None:
             t = []
             for lib in ("cublas", "cublaslt"):
                 torch.backends.cuda.preferred_blas_library(lib)
-                t.append(_time(lambda: [F.linear(x, w) for w in weights]) / copies)
+                t.append(_time_graph(lambda: [F.linear(x, w) for w in weights], iters=1) / copies)
             torch.backends.cuda.preferred_blas_library("cublas")
             layouts, cands = lt.problem(m, n, k)
             timed = []
@@ -159,8 +144,8 @@ def main(rows: tuple[int, ...]) -> None:
                     if not err < 2e-2:  # (NaN fails too)
                         print(f"    candidate {i}: wrong product (rel err {err:.3g}), skipped")
                         continue
-                    timed.append((_time(lambda c=cand: [lt.matmul(layouts, c, x, w, y) for w in weights]) / copies,
-                                  i, cand.wavesCount, cand.workspaceSize))
+                    t_cand = _time_graph(lambda: [lt.matmul(layouts, cand, x, w, y) for w in weights], iters=1)
+                    timed.append((t_cand / copies, i, cand.wavesCount, cand.workspaceSize))
                 except RuntimeError as e:
                     print(f"    candidate {i}: {e}")
             timed.sort()
