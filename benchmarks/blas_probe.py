@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from heron.kernels.bench import _time_graph  # noqa: E402
+from heron.models.blas import linear_lt  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per step)
@@ -40,11 +41,7 @@ def main(rows: tuple[int, ...]) -> None:
                 for w in ws:
                     F.linear(x, w)
 
-            t = []
-            for lib in ("cublas", "cublaslt"):
-                torch.backends.cuda.preferred_blas_library(lib)
-                t.append(_time_graph(run, iters=1) / len(ws))
-            torch.backends.cuda.preferred_blas_library("cublas")
+            t = [_time_graph(lambda: [call(x, w) for w in ws], iters=1) / len(ws) for call in (F.linear, linear_lt)]
             tunable.enable(True)
             tunable.tuning_enable(True)
             ref = F.linear(x, ws[0])  # tunes this shape

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from heron.kernels.bench import _time_graph  # noqa: E402
+from heron.models.blas import linear_lt  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per decode step)
@@ -129,11 +130,7 @@ def main(rows: tuple[int, ...]) -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
             ref = F.linear(x.float(), weights[0].float())
-            t = []
-            for lib in ("cublas", "cublaslt"):
-                torch.backends.cuda.preferred_blas_library(lib)
-                t.append(_time_graph(lambda: [F.linear(x, w) for w in weights], iters=1) / copies)
-            torch.backends.cuda.preferred_blas_library("cublas")
+            t = [_time_graph(lambda: [call(x, w) for w in weights], iters=1) / copies for call in (F.linear, linear_lt)]
             layouts, cands = lt.problem(m, n, k)
             timed = []
             for i, cand in enumerate(cands):

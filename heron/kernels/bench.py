@@ -464,6 +464,7 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
     import torch.nn.functional as F
 
     from heron.kernels.gemv import MAX_M, gemv, pick_config
+    from heron.models.blas import linear_lt
 
     dev, start, best = torch.device("cuda"), time.perf_counter(), {}
     print(f"gemv: {torch.cuda.get_device_name(dev)}, bf16, CUDA-graph replay, weights rotated past the L2 cache")
@@ -486,10 +487,7 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                         f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
                 step[m][0] += count * t_torch
                 if m > MAX_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
-                    before = torch.backends.cuda.preferred_blas_library()  # restored below
-                    torch.backends.cuda.preferred_blas_library("cublaslt")
-                    t_lt = _time_rotating(lambda w: F.linear(x, w), weights)
-                    torch.backends.cuda.preferred_blas_library(before)
+                    t_lt = _time_rotating(lambda w: linear_lt(x, w), weights)
                     line += f" | cublasLt {t_lt * 1e6:8.1f} us x{t_torch / t_lt:4.2f}"
                     lt[m] += count * t_lt
                 else:
