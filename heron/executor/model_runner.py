@@ -108,18 +108,20 @@ class ModelRunner:
         return model
 
     def _tune_matmuls(self) -> None:
-        """cuBLAS or cuBLASLt for each projection at each row count a step can run as (heron/models/blas.py):
+        """The BLAS kernel for each projection at each row count a step can run as (heron/models/blas.py):
         the decode batch sizes past the GEMV's 16 rows, the small-step graphs' token counts and the step
-        budget (the choice at a row count covers the counts below it down to the next one)."""
+        budget (a library chosen at a row count covers the counts below it down to the next one); the LM
+        head's in the dtype its logits take."""
         from heron.kernels.gemv import MAX_M as GEMV_MAX_ROWS
 
         sched = self.config.scheduler
         keys = GraphKeys.plan(sched.max_num_seqs, sched.max_num_batched_tokens, prefill=True)
         rows = [m for m in {*keys.decode_sizes, *(t for t, _ in keys.prefill), sched.max_num_batched_tokens}
                 if m > GEMV_MAX_ROWS]
-        weights = [m.weight for m in self.model.modules()
-                   if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
-        logger.info(blas.tune_and_summarise(weights, rows))
+        heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
+        weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        weights += [m.weight for m in heads if not m.float32_matmul()]
+        logger.info(blas.tune_and_summarise(weights, rows, [m.weight for m in heads if m.float32_matmul()]))
 
     # -- the KV cache ------------------------------------------------------------------------------------------
 

@@ -16,16 +16,15 @@ from heron.models import blas
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except on CUDA with at most 16 rows (a decode batch), where the Triton GEMV reads the weight
-    at close to full bandwidth (cuBLAS's small-M kernels do not), and where a tuned weight ran faster in
-    cuBLASLt at this many rows (heron/models/blas.py): the one place these choices are made."""
+    """F.linear, except on CUDA: with at most 16 rows (a decode batch) the Triton GEMV, which reads the weight
+    at close to full bandwidth (cuBLAS's small-M kernels do not), else the BLAS kernel that ran this weight
+    fastest at this many rows (heron/models/blas.py): the one place these choices are made."""
     if x.is_cuda:
         from heron.kernels.gemv import gemv, use_gemv
 
         if use_gemv(x, weight, bias):
             return gemv(x, weight, bias)
-        if blas.wants_lt(weight, x.numel() // x.shape[-1]):
-            return blas.linear_lt(x, weight, bias)
+        return blas.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

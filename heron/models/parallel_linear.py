@@ -20,6 +20,7 @@ from torch import nn
 
 from heron.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
                                tensor_model_parallel_all_reduce)
+from heron.models import blas
 from heron.models.layers import linear, swiglu_linear
 
 MM_FLOAT32_OUT = "dtype_out" in torch.ops.aten.mm.overloads()  # torch.mm(..., out_dtype=) (recent PyTorch)
@@ -137,15 +138,21 @@ class ParallelLMHead(VocabParallelEmbedding):
             return logits
         return tensor_model_parallel_all_gather(logits)[..., : self.num_embeddings]
 
+    def float32_matmul(self) -> bool:
+        """Whether float_logits past the GEMV's rows is one matmul with a float32 output: at world size 1 on
+        CUDA with 16-bit weights, where the running PyTorch has `torch.mm(..., out_dtype=)`."""
+        w = self.weight
+        return MM_FLOAT32_OUT and self.tp_size == 1 and w.is_cuda and w.dtype in (torch.bfloat16, torch.float16)
+
     def float_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 logits of hidden [T, H] (written into `out` if given). At world size 1 on CUDA past the
-        GEMV's rows one matmul writes float32 straight from 16-bit operands, instead of 16-bit logits and a
-        conversion pass over them (Qwen3-8B's head at 200 rows on an H200: 389 against 488 us)."""
-        sixteen_bit = hidden.dtype in (torch.bfloat16, torch.float16)
-        if MM_FLOAT32_OUT and self.tp_size == 1 and hidden.is_cuda and sixteen_bit:
+        """float32 logits of hidden [T, H] (written into `out` if given). Where `float32_matmul`, past the GEMV's
+        rows one matmul (heron/models/blas.py's choice) writes float32 straight from 16-bit operands, instead of
+        16-bit logits and a conversion pass over them (Qwen3-8B's head at 200 rows on an H200: 389 against
+        488 us)."""
+        if self.float32_matmul() and hidden.dtype == self.weight.dtype:
             from heron.kernels.gemv import use_gemv
 
             if not use_gemv(hidden, self.weight):
-                return torch.mm(hidden, self.weight.t(), out_dtype=torch.float32, out=out)
+                return blas.mm_float32(hidden, self.weight, out)
         logits = self(hidden)
         return logits.float() if out is None else out.copy_(logits)

@@ -1,3 +1,4 @@
+import math
 import time
 
 import pytest
@@ -8,38 +9,100 @@ from heron.models import blas
 from heron.models.layers import linear
 
 
-def _fake_timer(lt_faster: set[tuple[int, int]]):
-    """A timer where cuBLASLt wins for the (rows, N) pairs listed; records what it was asked."""
-    calls = []
+def _fake_timer(lt_faster: set[tuple[int, int]], cand_times: dict | None = None):
+    """A timer where PyTorch's cuBLASLt wins for the (rows, N) pairs listed and candidate calls take
+    cand_times[(rows, N)][i] (relative to cuBLAS's 1.0); records what it was asked."""
+    asked = []
 
-    def timer(weights, x):
-        calls.append((x.shape[0], tuple(weights[0].shape), len(weights)))
-        lt = (x.shape[0], weights[0].shape[0]) in lt_faster
-        return (2.0 * len(weights), len(weights)) if lt else (len(weights), 2.0 * len(weights))
+    def timer(calls, weights, x):
+        key = (x.shape[0], weights[0].shape[0])
+        asked.append((x.shape[0], tuple(weights[0].shape), len(weights), len(calls)))
+        n_libs = 2 if calls[1:2] == [blas.linear_lt] else 1  # (F.linear, cuBLASLt) or the float32 matmul
+        libs = ([2.0, 1.0] if key in lt_faster else [1.0, 2.0])[:n_libs]
+        extra = list((cand_times or {}).get(key, [3.0] * (len(calls) - n_libs)))
+        return [t * len(weights) for t in libs + extra]
 
-    return timer, calls
+    return timer, asked
+
+
+class _FakeLt:
+    """cuBLASLt's interface on the CPU: candidate 1 of each problem writes a wrong product."""
+
+    def __init__(self, count: int = 3):
+        self.count, self.runs = count, []
+
+    def candidates(self, m, n, k, dtype, out_dtype):
+        return [blas.Candidate(None, 0, i, (m, n, k)) for i in range(self.count)]
+
+    @staticmethod
+    def fits(x, weight, out):
+        return x.is_contiguous()
+
+    def matmul(self, x, weight, out, cand):
+        self.runs.append((cand.rank, x.shape[0]))
+        out.copy_(x @ weight.T + (100.0 if cand.rank == 1 else 0.0))
+        return out
 
 
 def test_tune_writes_each_shape_its_choice_by_row_bucket():
     qkv = [torch.zeros(12, 8) for _ in range(3)]  # three layers' copies of one shape
     down = [torch.zeros(8, 16) for _ in range(3)]
-    timer, calls = _fake_timer({(32, 12), (64, 8)})
+    timer, asked = _fake_timer({(32, 12), (64, 8)})
     found = blas.tune(qkv + down, [64, 32, 64], timer)
-    assert sorted(calls) == [(32, (8, 16), 3), (32, (12, 8), 3), (64, (8, 16), 3), (64, (12, 8), 3)]
-    assert found[(32, 12, 8)] == (6.0, 3.0) and found[(32, 8, 16)] == (3.0, 6.0)
-    for w in qkv:  # cuBLASLt at 17-32 rows, cuBLAS at 33-64, nothing tuned beyond
-        assert [blas.wants_lt(w, m) for m in (1, 17, 32, 33, 64, 65, 10_000)] == [True, True, True, False, False,
-                                                                                  False, False]
-    assert [blas.wants_lt(down[0], m) for m in (32, 33, 64, 65)] == [False, True, True, False]
-    assert not blas.wants_lt(torch.zeros(12, 8), 32)  # an untuned weight
+    assert sorted(asked) == [(32, (8, 16), 3, 2), (32, (12, 8), 3, 2), (64, (8, 16), 3, 2), (64, (12, 8), 3, 2)]
+    assert found[(32, 12, 8, torch.float32)] == (6.0, 3.0, "cublaslt")
+    assert found[(32, 8, 16, torch.float32)] == (3.0, 3.0, "cublas")
+    plan = getattr(qkv[1], blas.PLAN_ATTR)
+    assert plan is getattr(qkv[0], blas.PLAN_ATTR)  # one plan per shape
+    # cuBLASLt at 17-32 rows, cuBLAS at 33-64, nothing tuned beyond; no candidates on the CPU
+    assert [plan.wants_lt(m) for m in (1, 17, 32, 33, 64, 65, 10_000)] == [True, True, True] + [False] * 4
+    assert [getattr(down[0], blas.PLAN_ATTR).wants_lt(m) for m in (32, 33, 64, 65)] == [False, True, True, False]
+    assert plan.candidate(32) is None and plan.candidate(64) is None
 
 
-def test_large_row_counts_are_timed_over_a_few_copies_and_scaled():
-    ws = [torch.zeros(4, 4) for _ in range(10)]
-    timer, calls = _fake_timer(set())
-    found = blas.tune(ws, [blas.ROTATE_MAX_ROWS + 1], timer)
-    assert calls == [(blas.ROTATE_MAX_ROWS + 1, (4, 4), blas.LARGE_COPIES)]
-    assert found[(blas.ROTATE_MAX_ROWS + 1, 4, 4)] == (10.0, 20.0)  # scaled to all ten copies
+def test_tune_picks_a_checked_candidate_only_at_its_row_count_and_past_the_margin(monkeypatch):
+    lt = _FakeLt()
+    monkeypatch.setattr(blas, "_lt_for", lambda device: lt)
+    ws = [torch.randn(6, 4) for _ in range(2)]
+    # rows 32: candidate 2 is 5% faster than cuBLAS (candidate 1 is faster still, but its product is wrong and
+    # it is never timed); rows 64: candidate 0 is only 0.5% faster: a tie, the library stays
+    timer, asked = _fake_timer(set(), {(32, 6): [1.2, 0.95], (64, 6): [0.995, 2.0]})
+    found = blas.tune(ws, [32, 64], timer)
+    assert [a[3] for a in asked] == [4, 4]  # two libraries + the two candidates that passed the check
+    plan = getattr(ws[0], blas.PLAN_ATTR)
+    assert plan.candidate(32).rank == 2 and plan.candidate(64) is None
+    assert plan.candidate(31) is None  # a candidate belongs to its exact problem
+    assert found[(32, 6, 4, torch.float32)] == (2.0, 1.9, "candidate")
+    assert found[(64, 6, 4, torch.float32)][2] == "cublas"
+    monkeypatch.setattr(blas, "_cublaslt", {None: lt})  # what blas.linear runs candidates with (CPU: index None)
+    lt.runs.clear()
+    x = torch.randn(32, 4)
+    torch.testing.assert_close(blas.linear(x, ws[1]), F.linear(x, ws[1]))
+    assert lt.runs == [(2, 32)]
+    blas.linear(torch.randn(31, 4), ws[1])
+    blas.linear(x, ws[1], torch.zeros(6))  # a bias: not a candidate's problem
+    assert lt.runs == [(2, 32)]
+
+
+def test_tune_float32_out_keeps_its_own_plan(monkeypatch):
+    monkeypatch.setattr(blas, "_lt_for", lambda device: _FakeLt(count=1))
+    monkeypatch.setattr(blas, "_mm_float32_torch", lambda x, w: (x @ w.T).float())  # (a CUDA-only op)
+    head = torch.randn(6, 4)
+    timer, asked = _fake_timer(set(), {(32, 6): [0.5]})
+    found = blas.tune([], [32], timer, float32_out=[head])
+    assert asked == [(32, (6, 4), 1, 2)]  # PyTorch's float32-output matmul and one candidate
+    assert not hasattr(head, blas.PLAN_ATTR) and getattr(head, blas.F32_PLAN_ATTR).candidate(32).rank == 0
+    assert found[(32, 6, 4, torch.float32)] == (1.0, 0.5, "candidate")
+
+
+def test_copies_pass_the_rotation_bytes_and_times_are_scaled(monkeypatch):
+    ws = [torch.zeros(4, 4) for _ in range(10)]  # 64 bytes each
+    monkeypatch.setattr(blas, "ROTATE_BYTES", 100)
+    timer, asked = _fake_timer(set())
+    found = blas.tune(ws, [8], timer)
+    assert asked == [(8, (4, 4), 2, 2)]
+    assert found[(8, 4, 4, torch.float32)] == (10.0, 10.0, "cublas")  # scaled to all ten copies
+    assert len(blas._copies([torch.zeros(1000)] * 3)) == 1  # one copy past the bytes: itself
 
 
 class _FakeEvent:
@@ -58,38 +121,34 @@ class _FakeEvent:
         return (end.t - self.t) * 1e3
 
 
-@pytest.mark.parametrize("lt_refuses", [False, True])
-def test_time_on_gpu_times_both_libraries_in_turn_and_survives_a_refusal(monkeypatch, lt_refuses):
-    calls = []
+def test_time_on_gpu_times_the_calls_in_turn_and_survives_a_refusal(monkeypatch):
+    order = []
 
-    def fake_lt(x, w, b=None):
-        calls.append("lt")
-        if lt_refuses:
-            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
-        time.sleep(0.005)  # cuBLASLt "slower" here
-        return x @ w.T
-
-    def fake_default(x, w, b=None):
-        calls.append("default")
-        return x @ w.T
+    def call(name, sleep=0.0, refuse=False):
+        def run(x, w):
+            order.append(name)
+            if refuse:
+                raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+            time.sleep(sleep)
+            return x @ w.T
+        return run
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    monkeypatch.setattr(blas, "linear_lt", fake_lt)
-    monkeypatch.setattr(blas.F, "linear", fake_default)
     ws = [torch.randn(4, 8) for _ in range(3)]
-    t_default, t_lt = blas.time_on_gpu(ws, torch.randn(2, 8), rounds=2)
-    if lt_refuses:  # one refused try, then the default alone: a warm-up and 2 rounds over the 3 copies
-        assert calls == ["default", "lt"] + ["default"] * 6 and t_lt == float("inf") and t_default >= 0
-    else:  # warm-ups, then default and cuBLASLt in turn
-        assert calls == ["default", "lt"] + (["default"] * 3 + ["lt"] * 3) * 2
-        assert t_lt >= 3 * 0.005 > t_default
+    t = blas.time_on_gpu([call("a"), call("b", refuse=True), call("c", sleep=0.005)], ws, torch.randn(2, 8),
+                         rounds=2)
+    # first tries (b refuses), then a and c in turn over the three copies, twice
+    assert order == ["a", "b", "c"] + (["a"] * 3 + ["c"] * 3) * 2
+    assert t[1] == math.inf and t[2] >= 3 * 0.005 > t[0] >= 0
 
 
 def test_summary_sums_a_step_per_row_count():
-    found = {(32, 12, 8): (3e-3, 6e-3), (32, 8, 16): (6e-3, 3e-3), (64, 8, 16): (1e-3, 1e-3)}
+    f32 = torch.float32
+    found = {(32, 12, 8, f32): (3e-3, 2e-3, "cublaslt"), (32, 8, 16, f32): (6e-3, 4e-3, "candidate"),
+             (64, 8, 16, f32): (1e-3, 1e-3, "cublas")}
     line = blas.summary(found, 1.25)
-    assert "in 1.2 s: cuBLASLt for 1 of 3" in line
+    assert "in 1.2 s over 3 (rows, shape) pairs, chosen: cublas 1, cublaslt 1, candidate 1" in line
     assert "32: 9.00 -> 6.00" in line and "64: 1.00 -> 1.00" in line
 
 
@@ -97,29 +156,37 @@ def test_linear_on_cpu_ignores_a_plan():
     w = torch.randn(6, 4)
     blas.tune([w], [32], _fake_timer({(32, 6)})[0])
     x = torch.randn(20, 4)
-    assert blas.wants_lt(w, 20)
+    assert getattr(w, blas.PLAN_ATTR).wants_lt(20)
     torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cublaslt_choice_on_cuda_matches_cublas_and_restores_the_preference():
+def test_tuned_kernels_on_cuda_match_a_float_reference_also_in_a_graph():
     dev = torch.device("cuda")
-    ws = [torch.randn(256, 512, device=dev, dtype=torch.bfloat16) for _ in range(4)]
-    found = blas.tune(ws, [32, 128])
-    assert set(found) == {(32, 256, 512), (128, 256, 512)} and all(min(t) > 0 for t in found.values())
+    ws = [torch.randn(2048, 1024, device=dev, dtype=torch.bfloat16) for _ in range(4)]
+    head = torch.randn(4096, 1024, device=dev, dtype=torch.bfloat16)
+    found = blas.tune(ws, [32, 128, 200], float32_out=[head])
+    assert len(found) == 6 and all(t[0] > 0 and 0 < t[1] <= t[0] for t in found.values())
     before = torch.backends.cuda.preferred_blas_library()
-    x = torch.randn(100, 512, device=dev, dtype=torch.bfloat16)
-    ref = F.linear(x.float(), ws[0].float())
-    got = blas.linear_lt(x, ws[0])
-    assert torch.backends.cuda.preferred_blas_library() == before
-    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(linear(x, ws[0]).float(), ref, rtol=2e-2, atol=2e-2)
-    graph, out = torch.cuda.CUDAGraph(), None
-    with torch.cuda.graph(graph):  # captured as a decode graph captures it
-        out = blas.linear_lt(x, ws[1])
+    for m in (32, 100, 128, 200):  # 100: the library chosen at 128; the others may run a candidate
+        x = torch.randn(m, 1024, device=dev, dtype=torch.bfloat16)
+        torch.testing.assert_close(linear(x, ws[1]).float(), F.linear(x.float(), ws[1].float()), rtol=2e-2, atol=2e-1)
+        torch.testing.assert_close(blas.mm_float32(x, head), x.float() @ head.float().T, rtol=1e-3, atol=1e-2)
+        assert torch.backends.cuda.preferred_blas_library() == before
+    x = torch.randn(200, 1024, device=dev, dtype=torch.bfloat16)
+    logits = torch.empty(256, 4096, device=dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # captured as a decode graph captures them
+        y = linear(x, ws[2])
+        blas.mm_float32(y[:, :1024].contiguous(), head, logits[:200])
     x.copy_(torch.randn_like(x))
     graph.replay()
-    torch.testing.assert_close(out.float(), F.linear(x.float(), ws[1].float()), rtol=2e-2, atol=2e-2)
+    ref = F.linear(x.float(), ws[2].float())
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(logits[:200], y[:, :1024].float() @ head.float().T, rtol=1e-3, atol=1e-2)
     odd = [torch.randn(24, 4097, device=dev, dtype=torch.bfloat16)]  # rows 8194 bytes apart: unaligned
-    t_default, t_lt = blas.time_on_gpu(odd, torch.randn(40, 4097, device=dev, dtype=torch.bfloat16))
-    assert t_default > 0 and t_lt > 0  # (inf where cuBLASLt has no kernel for it)
+    t = blas.time_on_gpu([F.linear, blas.linear_lt], odd, torch.randn(40, 4097, device=dev, dtype=torch.bfloat16))
+    assert t[0] > 0 and t[1] > 0  # (inf where cuBLASLt has no kernel for it)
+    blas.tune(odd, [40])  # whatever runs an unaligned problem, it is right
+    x = torch.randn(40, 4097, device=dev, dtype=torch.bfloat16)
+    torch.testing.assert_close(linear(x, odd[0]).float(), F.linear(x.float(), odd[0].float()), rtol=2e-2, atol=2e-1)
