@@ -12,6 +12,10 @@ against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved a
 `python -m heron.kernels.bench --gemv [--sweep] [--only qwen|llama] [--rows 1,8,16,...]`: the decode weight GEMMs,
 heron.kernels.gemv against cuBLAS (and cuBLASLt past 16 rows) (`bench_gemv`); --sweep searches gemv's configs per
 shape. `--decode-only [--sweep]`: the decode kernel on the `kernels` case and two offline Qwen3-8B decode steps.
+
+`python -m heron.kernels.bench --sampling [--sweep] [--rows 1,64,...]`: heron.kernels.sampling.sample_tokens on
+Qwen3's vocabulary (`bench_sampling`), checked bit for bit against the PyTorch reference; --sweep also times
+other warps / splits.
 """
 
 from __future__ import annotations
@@ -524,6 +528,50 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
     print(f"gemv bench: {time.perf_counter() - start:.0f} s")
 
 
+SAMPLING_ROWS = (1, 64, 200, 256)  # 200-256: the offline Qwen3-8B run's decode batches
+SAMPLING_VOCAB = 151936  # Qwen3's
+
+
+def _sampling_configs(splits: int) -> list[dict]:
+    """The sweep's grid: 4 or 8 warps x half, once, twice and four times the default plan's splits."""
+    return [{"num_warps": w, "num_splits": s} for w in (4, 8) for s in sorted({max(1, splits // 2), splits,
+                                                                               2 * splits, 4 * splits})]
+
+
+def bench_sampling(rows: tuple[int, ...] = SAMPLING_ROWS, vocab: int = SAMPLING_VOCAB, sweep: bool = False) -> None:
+    """heron.kernels.sampling.sample_tokens on float32 logits [R, vocab], temperature 0.6, random seeds and
+    counters, by CUDA-graph replay: without thresholds, with thresholds of -inf (every tile drawn, plus the
+    skip test) and at each row's 50th largest logit (top-k 50: most tiles skipped). Each variant is first
+    checked against sample_tokens_torch (the same tokens, bit for bit). G elem/s counts R * vocab logits.
+    `sweep`: also `_sampling_configs` without thresholds."""
+    from heron.executor.sampler import sample_tokens_torch
+    from heron.kernels.sampling import default_plan, sample_tokens
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    print(f"sampling: {torch.cuda.get_device_name(dev)}, float32 logits, V={vocab}, T=0.6, CUDA-graph replay")
+    for r in rows:
+        logits = torch.randn(r, vocab, device=dev, generator=gen) * 3
+        temp = torch.full((r,), 0.6, device=dev)
+        seeds = torch.randint(-2**63, 2**63 - 1, (r,), device=dev, generator=gen)
+        ctrs = torch.randint(0, 2**40, (r,), device=dev, generator=gen)
+        block, splits = default_plan(r, vocab, dev)
+        variants = {"no thr": None, "thr -inf": torch.full((r,), float("-inf"), device=dev),
+                    "top-k 50": logits.topk(50, dim=-1).values[:, -1].contiguous()}
+        for name, thr in variants.items():
+            ref = sample_tokens_torch(logits, temp, thr, seeds, ctrs)
+            assert torch.equal(sample_tokens(logits, temp, thr, seeds, ctrs), ref), f"R={r} {name}: not the reference"
+            t = _time_graph(lambda thr=thr: sample_tokens(logits, temp, thr, seeds, ctrs))
+            print(f"  R={r:<3d} {name:8s} {t * 1e6:8.1f} us {r * vocab / t / 1e9:6.1f} G elem/s"
+                  f"  (block {block}, {splits} splits, 4 warps)")
+        if sweep:
+            want = sample_tokens(logits, temp, None, seeds, ctrs)
+            for cfg in _sampling_configs(splits):
+                assert torch.equal(sample_tokens(logits, temp, None, seeds, ctrs, **cfg), want), cfg
+                t = _time_graph(lambda cfg=cfg: sample_tokens(logits, temp, None, seeds, ctrs, **cfg))
+                print(f"    sweep no thr {t * 1e6:8.1f} us {r * vocab / t / 1e9:6.1f} G elem/s  {cfg}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
@@ -536,10 +584,16 @@ def main() -> None:
                     help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--decode-only", action="store_true", help="only the paged decode kernel (with --sweep: tune it)")
+    ap.add_argument("--sampling", action="store_true",
+                    help="the one-pass sampler on Qwen3's vocabulary (with --sweep: other warps / splits)")
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
-    ap.add_argument("--rows", help="with --gemv: comma-separated row counts (default: %s)"
-                    % ",".join(map(str, GEMV_ROWS)))
+    ap.add_argument("--rows", help="with --gemv / --sampling: comma-separated row counts (default: %s / %s)"
+                    % (",".join(map(str, GEMV_ROWS)), ",".join(map(str, SAMPLING_ROWS))))
     args = ap.parse_args()
+    if args.sampling:
+        rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else SAMPLING_ROWS
+        bench_sampling(rows=rows, sweep=args.sweep)
+        return
     if args.gemv:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMV_ROWS
         bench_gemv(sweep=args.sweep, only=args.only, rows=rows)

@@ -17,7 +17,14 @@ reference):
 Grid `(R, S)`: program `(r, s)` scans split `s` (whole tiles of BLOCK tokens) of row `r`, keeping its best
 score and token; with S > 1 a second kernel `(R,)` reduces the S partials (first split wins ties, and
 splits are in token order, so the lowest id still wins). S is chosen from (R, V, #SMs) so that small
-batches still fill the GPU. Tiles whose tokens are all below the row's threshold skip the hash and logs.
+batches still fill the GPU. A sampled row's scan keeps the best score and token per lane (strict `>`: a
+lane keeps its lowest token on ties; NaN and -inf never replace anything) and reduces across lanes once per
+split (the max, then the lowest token id holding it), not per tile; its hash input `key + token * golden`
+is a per-tile scalar plus a per-lane vector computed once (uint64 wraps: the same sum). With thresholds,
+tiles whose tokens are all below the row's threshold skip the hash and logs (one reduction per tile);
+without, no tile can be skipped and none is tested. Greedy rows reduce each tile (tl.max / tl.argmax).
+A score is NaN only if the logit is (never kept) or for T = +inf or T < ~3e-39 (0 * inf); such a token is
+never drawn here, where torch's argmax would pick it.
 
 `row_logsumexp` (one pass, online max / sum) is the top-p normaliser used by the thresholds on CUDA.
 """
@@ -66,9 +73,10 @@ def _greedy_scan(row_ptr, V, tile0, tile1, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gumbel(key, offs, LIBDEVICE: tl.constexpr):
-    """Gumbel noise -log(-log(1 - w)) of tokens offs (float32): see heron.executor.sampler.gumbel_noise."""
-    h = _mix64(key + offs.to(tl.uint64) * 0x9E3779B97F4A7C15)
+def _gumbel(x, LIBDEVICE: tl.constexpr):
+    """Gumbel noise -log(-log(1 - w)) (float32) of hash inputs x = key + token * golden (uint64, wrapping): see
+    heron.executor.sampler.gumbel_noise. The caller forms x so that a scan adds one vector per tile."""
+    h = _mix64(x)
     w = ((h >> 12).to(tl.float32) + 0.5) * 2.220446049250313e-16  # 52 bits -> (0, 1]: 2^-52 is exact
     w = tl.minimum(w, 0.99999994039535522)  # 1 - 2^-24: w < 1
     z = 1.0 - w
@@ -78,22 +86,43 @@ def _gumbel(key, offs, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
-    best = -float("inf")
-    best_idx = tile0 * BLOCK
+def _lane_update(score, offs, best, best_idx):
+    """Per-lane running best: strict `>`, so a lane keeps its earliest (lowest) token on ties, and NaN (or
+    -inf) never replaces anything."""
+    better = score > best
+    return tl.where(better, score, best), tl.where(better, offs, best_idx)
+
+
+@triton.jit
+def _first_max(best, best_idx, V):
+    """(max, lowest token id attaining it) over the lanes; all -inf: every lane still holds the split's first
+    token."""
+    m = tl.max(best, 0)
+    return m, tl.min(tl.where(best == m, best_idx, V), 0)
+
+
+@triton.jit
+def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
+                  LIBDEVICE: tl.constexpr):
+    """(best score, lowest token holding it) over tiles [tile0, tile1) of a sampled row: per-lane bests, one
+    cross-lane reduction at the end (see the module docstring)."""
+    lanes = tl.arange(0, BLOCK)
+    lane_key = lanes.to(tl.uint64) * 0x9E3779B97F4A7C15  # token * golden = tile part + this (mod 2^64)
+    best = tl.full([BLOCK], -float("inf"), tl.float32)
+    best_idx = tl.full([BLOCK], tile0 * BLOCK, tl.int32)  # what an all -inf split returns
     for tile in range(tile0, tile1):
-        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        offs = tile * BLOCK + lanes
         x = tl.load(row_ptr + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        keep = (offs < V) & (x >= thr)
-        if tl.max(keep.to(tl.int32), 0) > 0:  # else nothing in this tile can be drawn
-            g = _gumbel(key, offs, LIBDEVICE)
-            score = tl.where(keep, x * inv_t + g, -float("inf"))  # no FMA: enable_fp_fusion=False
-            m = tl.max(score, 0)
-            i = tl.argmax(score, 0)
-            better = m > best
-            best_idx = tl.where(better, tile * BLOCK + i, best_idx)
-            best = tl.where(better, m, best)
-    return best, best_idx
+        tile_key = key + tl.cast(tile * BLOCK, tl.uint64) * 0x9E3779B97F4A7C15
+        if HAS_THR:
+            keep = x >= thr  # NaN never kept; masked lanes (-inf) score -inf or NaN: never better
+            if tl.max(keep.to(tl.int32), 0) > 0:  # else nothing in this tile can be drawn
+                g = _gumbel(tile_key + lane_key, LIBDEVICE)
+                score = tl.where(keep, x * inv_t + g, -float("inf"))  # no FMA: enable_fp_fusion=False
+                best, best_idx = _lane_update(score, offs, best, best_idx)
+        else:  # a NaN logit scores NaN, which, like -inf, is never better
+            best, best_idx = _lane_update(x * inv_t + _gumbel(tile_key + lane_key, LIBDEVICE), offs, best, best_idx)
+    return _first_max(best, best_idx, V)
 
 
 @triton.jit
@@ -116,7 +145,7 @@ def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
         ctr = tl.load(ctr_ptr + r).to(tl.uint64, bitcast=True)
         key = _mix64(_mix64(seed) + ctr * 0x9E3779B97F4A7C15)
         inv_t = tl.math.div_rn(1.0, temp)  # correctly rounded, as torch's 1 / T
-        best, best_idx = _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, BLOCK, LIBDEVICE)
+        best, best_idx = _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR, BLOCK, LIBDEVICE)
     else:
         best, best_idx = _greedy_scan(row_ptr, V, tile0, tile1, BLOCK)
     if SPLIT:

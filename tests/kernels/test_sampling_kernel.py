@@ -43,7 +43,7 @@ def _gumbel_kernel(seed_ptr, ctr_ptr, g_ptr, V, BLOCK: tl.constexpr, LIBDEVICE: 
     seed = tl.load(seed_ptr + r).to(tl.uint64, bitcast=True)
     ctr = tl.load(ctr_ptr + r).to(tl.uint64, bitcast=True)
     key = _mix64(_mix64(seed) + ctr * 0x9E3779B97F4A7C15)
-    tl.store(g_ptr + r * V + offs, _gumbel(key, offs, LIBDEVICE), mask=offs < V)
+    tl.store(g_ptr + r * V + offs, _gumbel(key + offs.to(tl.uint64) * 0x9E3779B97F4A7C15, LIBDEVICE), mask=offs < V)
 
 
 def test_hash_bits_are_identical():
@@ -128,6 +128,32 @@ def test_edge_rows_and_bf16():
                        sample_tokens_torch(half, temp, thr, seeds, ctrs))
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("with_thresholds", [False, True])
+def test_ties_and_empty_rows_across_tiles_and_splits(num_splits, with_thresholds):
+    """Sampled scores tie only at +inf: the lowest token id must win across tiles at the same lane, across
+    lanes (a lower id in a higher lane), and across splits; all -inf and all NaN rows give token 0; a split
+    without a finite score must not win. Block 16 over 100 tokens: 7 tiles (3 splits: tiles 0-2, 3-5, 6)."""
+    V, inf, nan = 100, float("inf"), float("nan")
+    x = torch.randn(8, V, generator=torch.Generator().manual_seed(4))
+    x[0, [37, 69]] = inf  # tiles 2 and 4, both lane 5
+    x[1, [40, 51]] = inf  # tile 2 lane 8, tile 3 lane 3
+    x[2] = -inf
+    x[3] = nan
+    x[4, ::2] = nan
+    x[4, 71] = inf
+    x[5, [20, 60]] = inf  # splits 0 and 1
+    x[6, :64] = -inf  # splits 0 and 1 hold only -inf
+    x[7, [37, 69]] = 5.0 + x[7].abs().max()  # greedy row: the same-lane tie
+    x = x.to(DEV)
+    temp = torch.tensor([0.6] * 7 + [0.0], device=DEV)
+    thr = torch.full((8,), -inf, device=DEV) if with_thresholds else None
+    seeds, ctrs = torch.arange(8, device=DEV) * 977, torch.arange(8, device=DEV) + 2**33
+    out = sample_tokens(x, temp, thr, seeds, ctrs, block=16, num_splits=num_splits)
+    assert torch.equal(out, sample_tokens_torch(x, temp, thr, seeds, ctrs))
+    assert out[[0, 1, 2, 3, 4, 5, 7]].tolist() == [37, 40, 0, 0, 71, 20, 37] and out[6] >= 64
+
+
 def test_gumbel_noise_agrees_with_the_kernel_draw():
     """With flat logits the draw is the argmax of the noise alone."""
     R, V = 16, 200
@@ -137,7 +163,8 @@ def test_gumbel_noise_agrees_with_the_kernel_draw():
 
 
 def test_kernel_draws_follow_the_distribution():
-    """Temperature 0.8, top-k 6 and min-p 0.3 (the tighter: 4 tokens kept) on 12 tokens: a chi-square test on 240 draws."""
+    """Temperature 0.8, top-k 6 and min-p 0.3 (the tighter: 4 tokens kept) on 12 tokens: a chi-square test on 240
+    draws."""
     n, V = 240, 12
     logits = torch.tensor([2.0, 1.6, 1.5, 1.0, 0.7, 0.1, 0.0, -0.5, 1.55, -3.0, -1.0, 0.3])
     p = SamplingParams(temperature=0.8, top_k=6, min_p=0.3)
