@@ -15,27 +15,11 @@ sums them in partition order, stores the output and resets the counter to zero f
 partitions arrive too. One launch instead of a second reduce kernel: at batch 1 that kernel cost as much as
 its launch and the gap after it (~2.5 us a layer); and the result is deterministic (a fixed order).
 
-`rope_paged_decode_attention` turns on a prologue (constexpr ROPE) that does rope.apply_rope_and_cache's work
-for a decode step inside this kernel, saving that kernel's launch and the gap after it (per layer). Program
-(b, h, p) loads its G query heads unrotated (a view of the qkv projection), applies the q norm and RoPE with
-rope.norm_rope and rounds to the cache dtype: the bits the unfused path stores and loads back, so the attention
-that follows computes the same thing. Each of the P programs of (b, h) rotates q itself (G heads: negligible)
-rather than sharing a copy through memory. The program whose partition holds the newest key (position
-seq_len - 1, in partition (num_tiles - 1) // tpp, which is P - 1 only when the tiles divide evenly; partition 0
-for a row without keys) normalises and rotates the new key, writes k and v at slot_mapping[b] (-1: a padded
-row, nothing), then waits at a CTA barrier: a CTA's global stores are visible to all its threads after bar.sync,
-so its tile loads then read the new key from the cache like any other. No other program reads that position.
-The alternative, taking the new key and value from registers and masking their position out of the cache
-reads, would add a merge to the hot tile loop (or a second copy of it) for the one program that needs it; the
-barrier costs one bar.sync in that one program.
-
 The grid depends only on (B, Hkv, P): nothing host-side that changes per step, so the step can be captured in
 a CUDA graph with P fixed for the captured batch size; the counters are left zeroed by every call.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -43,40 +27,6 @@ import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, tile_blocks
 from heron.kernels.common import check_cache, dot_upcast, num_sms
-from heron.kernels.rmsnorm import fix_bf16
-from heron.kernels.rope import check_rope_and_cache, norm_rope
-
-
-@triton.jit
-def _rotated_q(q_ptr, qw_ptr, row, heads, g_ok, stride_qt, stride_qh, cos, sin, eps, DST: tl.constexpr,
-               HAS_NORM: tl.constexpr, G_PAD: tl.constexpr, HALF: tl.constexpr, FIX_BF16: tl.constexpr):
-    """Query heads `heads` of row `row` of the unrotated q, normed and rotated as rope.py does (its `norm_rope`)
-    and rounded to DST: the [G_PAD, 2 * HALF] tile the unfused path would load from rope.py's output."""
-    d = tl.arange(0, HALF)
-    src = q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :]
-    x1 = tl.load(src, mask=g_ok[:, None], other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
-    q1, q2 = norm_rope(x1, x2, qw_ptr, cos, sin, eps, q_ptr.dtype.element_ty, DST, HAS_NORM, HALF, FIX_BF16)
-    # [G_PAD, HALF] x 2 -> [G_PAD, 2, HALF] -> [G_PAD, D]: each head's halves side by side
-    return tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (G_PAD, 2 * HALF))
-
-
-@triton.jit
-def _cache_new_kv(k_ptr, v_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, row, kvh, slot, stride_kt, stride_kh,
-                  stride_vt, stride_vh, stride_cblk, stride_coff, stride_ch, cos, sin, eps, HAS_NORM: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr, FIX_BF16: tl.constexpr):
-    """KV head kvh of row `row`'s new token: k normed and rotated (`norm_rope`), k and v stored at cache slot
-    `slot` (int64, >= 0), as rope.apply_rope_and_cache stores them."""
-    d = tl.arange(0, HALF)[None, :]
-    src = k_ptr + row * stride_kt + kvh * stride_kh + d
-    k1, k2 = norm_rope(tl.load(src).to(tl.float32), tl.load(src + HALF).to(tl.float32), kw_ptr, cos, sin, eps,
-                       k_ptr.dtype.element_ty, k_cache_ptr.dtype.element_ty, HAS_NORM, HALF, FIX_BF16)
-    dst = (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_coff + kvh * stride_ch + d
-    tl.store(k_cache_ptr + dst, k1)
-    tl.store(k_cache_ptr + dst + HALF, k2)
-    v_src = v_ptr + row * stride_vt + kvh * stride_vh + d
-    tl.store(v_cache_ptr + dst, tl.load(v_src).to(v_cache_ptr.dtype.element_ty))
-    tl.store(v_cache_ptr + dst + HALF, tl.load(v_src + HALF).to(v_cache_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -84,13 +34,10 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                          part_o_ptr, part_m_ptr, part_l_ptr, count_ptr, qk_scale,
                          stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                          stride_cblk, stride_coff, stride_ch,
-                         k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr,
-                         stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, eps,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                         ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FIX_BF16: tl.constexpr):
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -113,24 +60,7 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     d = tl.arange(0, HEAD_DIM)
     g_ok = g < G
     heads = kvh * G + g
-    if ROPE:
-        half = tl.arange(0, HEAD_DIM // 2)
-        cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
-        cos = tl.load(cs_row + half)[None, :]
-        sin = tl.load(cs_row + HEAD_DIM // 2 + half)[None, :]
-        q = _rotated_q(q_ptr, qw_ptr, row, heads, g_ok, stride_qt, stride_qh, cos, sin, eps,
-                       k_cache_ptr.dtype.element_ty, HAS_NORM, G_PAD, HEAD_DIM // 2, FIX_BF16)
-        # The partition whose tiles hold the newest key (seq_len - 1; partition 0 of a row without keys)
-        if part == tl.maximum(num_tiles - 1, 0) // tl.maximum(tiles_per_part, 1):
-            slot = tl.load(slot_ptr + b).to(tl.int64)
-            if slot >= 0:  # -1: a padded row
-                _cache_new_kv(k_ptr, v_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, row, kvh, slot, stride_kt, stride_kh,
-                              stride_vt, stride_vh, stride_cblk, stride_coff, stride_ch, cos, sin, eps, HAS_NORM,
-                              BLOCK_SIZE, HEAD_DIM // 2, FIX_BF16)
-                tl.debug_barrier()  # the CTA's stores are visible to all its threads' tile loads below
-    else:
-        q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None],
-                    other=0.0)
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -227,53 +157,6 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). Returns `out`
     (allocated like q if None). No host-device sync; the grid is (B, Hkv, P).
     """
-    if query_start_loc is None:
-        assert q.shape[0] >= seq_lens.shape[0], "q needs one row per sequence"
-    if out is None:
-        out = torch.empty_like(q)
-    return _launch(q, kv_cache, block_tables, seq_lens, scale, out, num_partitions, query_start_loc, workspace,
-                   block_n, num_warps, num_stages, None)
-
-
-class DecodeRope(NamedTuple):
-    """The fused prologue's inputs (`rope_paged_decode_attention`), as rope.apply_rope_and_cache takes them."""
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor
-    cos_sin: torch.Tensor
-    slot_mapping: torch.Tensor
-    q_norm_weight: torch.Tensor | None
-    k_norm_weight: torch.Tensor | None
-    eps: float
-
-
-def rope_paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                                cos_sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-                                eps: float = 1e-6, *, out: torch.Tensor | None = None,
-                                num_partitions: int | None = None, workspace: DecodeWorkspace | None = None,
-                                block_n: int | None = None, num_warps: int = 4,
-                                num_stages: int | None = None) -> torch.Tensor:
-    """`apply_rope_and_cache` then `paged_decode_attention`, in one launch: q [B, H, D], k, v [B, Hkv, D] the
-    unrotated views of the qkv projection (last dim contiguous), row b sequence b's new token at positions[b],
-    written at slot_mapping[b] (-1: nothing) and attended to as key seq_lens[b] - 1. The other arguments and the
-    result are those of the two calls; out [B, H, D] (allocated if None) has the cache's dtype."""
-    check_rope_and_cache(q, k, v, positions, cos_sin, kv_cache, slot_mapping, q_norm_weight, k_norm_weight)
-    batch = seq_lens.shape[0]
-    assert q.shape[0] >= batch and slot_mapping.shape[0] >= batch, "q and slot_mapping need one row per sequence"
-    if out is None:
-        out = torch.empty(q.shape, dtype=kv_cache.dtype, device=q.device)
-    assert out.dtype == kv_cache.dtype
-    rope = DecodeRope(k, v, positions, cos_sin, slot_mapping, q_norm_weight, k_norm_weight, eps)
-    return _launch(q, kv_cache, block_tables, seq_lens, scale, out, num_partitions, None, workspace, block_n,
-                   num_warps, num_stages, rope)
-
-
-def _launch(q, kv_cache, block_tables, seq_lens, scale, out, num_partitions, query_start_loc, workspace, block_n,
-            num_warps, num_stages, rope: DecodeRope | None) -> torch.Tensor:
-    """Both entry points' launch; `rope` (or None: q is already rotated, the cache already written) turns on the
-    fused prologue."""
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     batch = seq_lens.shape[0]
@@ -281,7 +164,11 @@ def _launch(q, kv_cache, block_tables, seq_lens, scale, out, num_partitions, que
     assert q.shape[2] == head_dim and num_heads % num_kv_heads == 0
     assert q.stride(-1) == 1, "q needs a contiguous head_dim"
     assert block_tables.shape[0] >= batch and block_tables.stride(-1) == 1
-    assert out.shape == q.shape and out.stride(-1) == 1
+    if query_start_loc is None:
+        assert q.shape[0] >= batch, "q needs one row per sequence"
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.stride(-1) == 1
     if batch == 0:
         return out
     group = num_heads // num_kv_heads
@@ -300,23 +187,14 @@ def _launch(q, kv_cache, block_tables, seq_lens, scale, out, num_partitions, que
     use_qsl = query_start_loc is not None
     qsl = query_start_loc if use_qsl else seq_lens  # a placeholder pointer when unused
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    has_norm = rope is not None and rope.q_norm_weight is not None
-    if rope is None:  # placeholders: the prologue's pointers and strides are not read
-        rope_args = (q, q, q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0, 0.0)
-    else:
-        k, v = rope.k, rope.v
-        rope_args = (k, v, rope.q_norm_weight if has_norm else q, rope.k_norm_weight if has_norm else k,
-                     rope.positions, rope.cos_sin, rope.slot_mapping, k.stride(0), k.stride(1), v.stride(0),
-                     v.stride(1), rope.cos_sin.stride(0), rope.eps)
     _paged_decode_kernel[(batch, num_kv_heads, num_partitions)](
         q, k_cache, v_cache, block_tables, seq_lens, qsl, out, part_o, part_m, part_l, counts, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *rope_args,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), ROPE=rope is not None, HAS_NORM=has_norm, FIX_BF16=fix_bf16(),
-        num_warps=num_warps,
+        PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2))
     return out
 

@@ -13,10 +13,7 @@ into new tensors: the K/V write is then no kernel of its own (at batch 1 one lau
 
 Rounding follows the model's PyTorch code (`heron.models.layers.rope_torch`, the reference, which runs on CPU):
 the norm rounds as RMSNorm does (normalised head rounded to q's dtype, times the weight in float32, rounded to
-the promoted dtype); the rotation is computed in float32 and rounded once at the end. `norm_rope` is that
-arithmetic on a tile of heads, shared with the decode attention kernel (paged_decode.py), which does this
-kernel's work itself at decode steps on the Triton backend (rope_paged_decode_attention); this kernel serves
-prefill and mixed steps, and the other backends.
+the promoted dtype); the rotation is computed in float32 and rounded once at the end.
 """
 
 from __future__ import annotations
@@ -31,25 +28,6 @@ from heron.models.layers import rope_torch as apply_rope_ref  # noqa: F401  (the
 
 
 @triton.jit
-def norm_rope(x1, x2, w_ptr, cos, sin, eps, SRC: tl.constexpr, DST: tl.constexpr, HAS_NORM: tl.constexpr,
-              HALF: tl.constexpr, FIX_BF16: tl.constexpr):
-    """Heads as float32 halves x1, x2 [M, HALF] (loaded from SRC-typed memory) -> their rotated halves rounded to
-    DST, after the per-head RMSNorm with weight w_ptr [2 * HALF] if HAS_NORM. The one place the rounding above is
-    written: the decode attention kernel (paged_decode.py) rotates q and the new key with it too, so the fused and
-    unfused paths give the same bits."""
-    if HAS_NORM:
-        d = tl.arange(0, HALF)
-        mean_sq = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
-        rstd = tl.math.rsqrt(mean_sq + eps)[:, None]
-        w1 = tl.load(w_ptr + d).to(tl.float32)[None, :]
-        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
-        # weight * h.to(dtype), rounded to the norm's output dtype (= the destination's), as RMSNorm rounds it
-        x1 = round_to(round_to(x1 * rstd, SRC, FIX_BF16).to(tl.float32) * w1, DST, FIX_BF16).to(tl.float32)
-        x2 = round_to(round_to(x2 * rstd, SRC, FIX_BF16).to(tl.float32) * w2, DST, FIX_BF16).to(tl.float32)
-    return round_to(x1 * cos - x2 * sin, DST, FIX_BF16), round_to(x2 * cos + x1 * sin, DST, FIX_BF16)
-
-
-@triton.jit
 def _rope_heads(x_ptr, dst_ptr, w_ptr, t, head0, stride_t, stride_h, dst_stride_h, cos, sin, eps, row_ok,
                 NUM_HEADS: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
                 FIX_BF16: tl.constexpr):
@@ -60,11 +38,19 @@ def _rope_heads(x_ptr, dst_ptr, w_ptr, t, head0, stride_t, stride_h, dst_stride_
     src = x_ptr + t * stride_t + h[:, None] * stride_h + d[None, :]
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    o1, o2 = norm_rope(x1, x2, w_ptr, cos, sin, eps, x_ptr.dtype.element_ty, dst_ptr.dtype.element_ty, HAS_NORM,
-                       HALF, FIX_BF16)
+    if HAS_NORM:
+        mean_sq = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
+        rstd = tl.math.rsqrt(mean_sq + eps)[:, None]
+        w1 = tl.load(w_ptr + d).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
+        # weight * h.to(dtype), rounded to the norm's output dtype (= the destination's), as RMSNorm rounds it
+        x1 = round_to(round_to(x1 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w1,
+                      dst_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
+        x2 = round_to(round_to(x2 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w2,
+                      dst_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
     dst = dst_ptr + h[:, None] * dst_stride_h + d[None, :]
-    tl.store(dst, o1, mask=mask)
-    tl.store(dst + HALF, o2, mask=mask)
+    tl.store(dst, round_to(x1 * cos - x2 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
+    tl.store(dst + HALF, round_to(x2 * cos + x1 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
 
 
 @triton.jit
@@ -125,21 +111,13 @@ def apply_rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
     """`apply_rope`, with the rotated k and v [T, Hkv, D] written into kv_cache [2, num_blocks, block_size, Hkv,
     D] at slot_mapping [T'] (int32/int64; -1, or a row t >= T', writes nothing) instead of new tensors.
     Returns q'."""
-    check_rope_and_cache(q, k, v, positions, cos_sin, kv_cache, slot_mapping, q_norm_weight, k_norm_weight)
-    return _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, kv_cache[0], kv_cache[1],
-                   slot_mapping)
-
-
-def check_rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                         cos_sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                         q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None) -> None:
-    """`apply_rope_and_cache`'s inputs, which the fused decode attention (paged_decode.py) takes too: the cache
-    must hold the rotated k's dtype, so that it can be written as is."""
     out_dtype = _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight)
     check_cache(kv_cache)
     assert kv_cache.shape[3:] == k.shape[1:] and kv_cache.dtype == out_dtype, \
         f"k {tuple(k.shape)} {out_dtype} does not match the cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
     assert v.shape == k.shape and v.stride(-1) == 1 and slot_mapping.dim() == 1
+    return _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, kv_cache[0], kv_cache[1],
+                   slot_mapping)
 
 
 def _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight) -> torch.dtype:

@@ -1,8 +1,6 @@
 """The building blocks every supported family shares. On CUDA tensors RMSNorm (with the residual add),
 the per-head q/k norm with RoPE, and silu_and_mul each run as one Triton kernel (heron/kernels/rmsnorm.py,
-rope.py, activation.py; at a decode step an attention backend may take the q/k norm and RoPE into its own
-kernel instead, see `AttentionBackend.rope_attend`); elsewhere the PyTorch code here runs, which is also the
-kernels' reference.
+rope.py, activation.py); elsewhere the PyTorch code here runs, which is also the kernels' reference.
 `linear` is every projection's matmul: a Triton GEMV at decode sizes on CUDA (heron/kernels/gemv.py), which
 also takes in the op before it (`norm_linear`, `swiglu_linear`), so a decode step launches fewer kernels."""
 
@@ -134,16 +132,11 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq).to(self.cos_sin.device)
         self.cos_sin.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
 
-    @staticmethod
-    def norm_args(q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> tuple:
-        """The q/k norm as the kernels take it: (q weight, k weight, eps), or () without one."""
-        return () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         """q [T, H, D], k [T, Hkv, D] -> rotated copies; with q_norm / k_norm (Qwen3) each head is
         RMS-normalised first. One Triton kernel on CUDA (heron/kernels/rope.py), PyTorch elsewhere."""
-        norm = self.norm_args(q_norm, k_norm)
+        norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
         if q.is_cuda:
             from heron.kernels.rope import apply_rope
 
@@ -155,7 +148,7 @@ class RotaryEmbedding(nn.Module):
                          k_norm: RMSNorm | None = None) -> torch.Tensor:
         """`forward`, with the rotated k and v written into the paged KV cache at slot_mapping (-1: skip a
         padded row) instead of returned; returns the rotated q. One Triton kernel on CUDA."""
-        norm = self.norm_args(q_norm, k_norm)
+        norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
         if q.is_cuda:
             from heron.kernels.rope import apply_rope_and_cache
 

@@ -45,14 +45,9 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.backend.fuses_rope(meta):  # a decode step: norm, RoPE, the K/V write and attention in one kernel
-            o = self.backend.rope_attend(q, k, v, positions, self.rope.cos_sin, self.kv_cache, meta,
-                                         *self.rope.norm_args(self.q_norm, self.k_norm))
-        else:
-            # (q/k norm, then) RoPE; this step's k and v go into the paged cache
-            q = self.rope.rotate_and_cache(positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm,
-                                           self.k_norm)
-            o = self.backend.forward(q, self.kv_cache, meta)
+        # (q/k norm, then) RoPE; this step's k and v go into the paged cache
+        q = self.rope.rotate_and_cache(positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm)
+        o = self.backend.forward(q, self.kv_cache, meta)
         return self.o_proj(o.flatten(1))
 
 

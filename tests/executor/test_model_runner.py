@@ -110,32 +110,3 @@ def test_a_decode_beside_new_prompts_and_chunked_prefill(source, device):
         _assert_same(outputs[0][rid], outputs[1][rid])
     assert all(key is not None for key, _ in steps)
     assert any(key[0] != key[1] and kinds == {"decode", "chunk"} for key, kinds in steps)  # a mixed graph step
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the Triton backend's fused decode)")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("enforce_eager", [False, True])
-def test_cuda_decode_with_rope_fused_into_attention(source, monkeypatch, dtype, enforce_eager):
-    """Decode steps with the q/k norm, RoPE and K/V write inside the Triton decode kernel give the greedy tokens
-    of the unfused pair (the rotary kernel, then the decode kernel), captured in graphs and eagerly: four
-    sequences of 5 to 700 prompt tokens decoding together (the short ones' newest key in an early partition of
-    many), then one alone."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
-
-    common = dict(dtype=dtype, device="cuda", max_num_seqs=8, kv_cache_memory=256 << 20, enforce_eager=enforce_eager)
-    with monkeypatch.context() as m:  # off while its graphs are captured, then on its backend for good
-        m.setattr(TritonAttentionBackend, "fuse_rope", False)
-        unfused = LLM(source, **common)
-        unfused.engine.runner.backend.fuse_rope = False
-    calls, rope_attend = [], TritonAttentionBackend.rope_attend
-    monkeypatch.setattr(TritonAttentionBackend, "rope_attend",
-                        lambda self, *a, **kw: calls.append(1) or rope_attend(self, *a, **kw))
-    fused = LLM(source, **common)
-    gen = np.random.default_rng(2)
-    batches = [[gen.integers(2, 2048, n).tolist() for n in (5, 30, 200, 700)], [gen.integers(2, 2048, 9).tolist()]]
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    for prompts in batches:
-        got, want = (llm.generate(prompts, params, use_tqdm=False) for llm in (fused, unfused))
-        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert calls, "the fused engine never called rope_attend"

@@ -9,8 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import (skip_unless_runnable, assert_close, make_batch, make_cache, pick_device,  # noqa: E402
-                          rel_err)
+from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, make_decode_workspace,  # noqa: E402
@@ -122,94 +121,6 @@ def test_paged_decode_skips_prefill_rows_with_query_start_loc():
     assert torch.isnan(out[others]).all(), "rows of prefill sequences must be left to the prefill kernel"
 
 
-# -- decode with the q/k norm, RoPE and K/V write fused in -----------------------------------------------------
-
-ROPE_DECODE_CASES = [
-    # heads, head_dim, partitions, seq_lens (the last row padded: seq_len 0, slot -1). With 16-key tiles and
-    # P = 4, the sequences of 3, 70 and 130 keys have their newest key in partition 0, 2 and 2 (not P - 1).
-    (GQA[0], 64, 1, [1, 17, 50, 0]),
-    (GQA[1], 128, 4, [70, 3, 130, 0]),
-    (GQA[0], 128, 3, [33, 1, 96, 0]),
-    (GQA[1], 64, 2, [16, 40, 0]),
-]
-
-
-def _decode_step(dtype, heads, head_dim, seq_lens, qk_norm, gen):
-    """A decode step as the model gives it: unrotated q, k, v as views of one qkv row, each sequence's new token
-    at position seq_len - 1, the last row padded as in a decode graph (its own row, slot -1, no keys); shuffled
-    cache blocks and a block table that is a column slice of a wider one (rows not contiguous)."""
-    from heron.models.layers import RotaryEmbedding
-
-    num_heads, num_kv_heads = heads
-    meta = make_batch(seq_lens, [1] * (len(seq_lens) - 1) + [0], 16, DEVICE, gen)
-    batch = len(seq_lens)
-    meta.slot_mapping = torch.cat([meta.slot_mapping, torch.full((1,), -1, dtype=torch.int64, device=DEVICE)])
-    meta.query_start_loc_cpu = torch.arange(batch + 1, dtype=torch.int32)
-    meta.query_start_loc, meta.num_tokens = meta.query_start_loc_cpu.to(DEVICE), batch
-    wide = torch.zeros(batch, meta.block_tables.shape[1] + 3, dtype=torch.int32, device=DEVICE)
-    wide[:, : meta.block_tables.shape[1]] = meta.block_tables
-    meta.block_tables = wide[:, : meta.block_tables.shape[1]]
-    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-    qkv = (2 * torch.randn(batch, sum(sizes), generator=gen)).to(DEVICE, dtype)
-    q, k, v = (x.view(batch, -1, head_dim) for x in qkv.split(sizes, dim=-1))
-    positions = (meta.seq_lens.long() - 1).clamp_min(0)
-    cos_sin = RotaryEmbedding(head_dim, 4096, 1e6, None).cos_sin.to(DEVICE)
-    norm = ()
-    if qk_norm:
-        norm = tuple((1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEVICE, dtype) for _ in range(2)) + (1e-6,)
-    cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, dtype, DEVICE, gen)
-    return meta, q, k, v, positions, cos_sin, norm, cache
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("heads,head_dim,parts,seq_lens", ROPE_DECODE_CASES)
-def test_rope_paged_decode_matches_the_unfused_pair(dtype, qk_norm, heads, head_dim, parts, seq_lens):
-    _check_rope_decode(dtype, qk_norm, heads, head_dim, parts, seq_lens, 16)
-
-
-@gpu_only
-@pytest.mark.gpu
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("batch", [1, 16, 64])
-def test_rope_paged_decode_large(qk_norm, batch):
-    """Qwen3-8B's attention shapes, the default partitions and tiles, contexts up to 2k."""
-    lens = torch.randint(1, 2048, (batch,), generator=_gen(batch)).tolist() + [0]
-    _check_rope_decode(torch.bfloat16, qk_norm, (32, 8), 128, None, lens, None)
-
-
-def _check_rope_decode(dtype, qk_norm, heads, head_dim, parts, seq_lens, block_n) -> None:
-    """The fused call against apply_rope_and_cache then paged_decode_attention on the same inputs: the same
-    cache bits and the same output bits. Bitwise wherever both compute the same float operations in the same
-    order: always under the interpreter; on a GPU the q/k norm's sum of squares is a reduction over tiles of
-    other shapes (G_PAD or one head here, BLOCK_H heads in rope.py), whose order may differ in the last bit, so
-    with the norm the GPU check is for a 1-ulp cache difference at most and an output within 1e-2."""
-    from heron.kernels.paged_decode import default_num_partitions, rope_paged_decode_attention
-    from heron.kernels.rope import apply_rope_and_cache
-
-    gen = _gen(hash((heads, head_dim, parts, qk_norm, len(seq_lens))) % 2**31)
-    meta, q, k, v, positions, cos_sin, norm, cache = _decode_step(dtype, heads, head_dim, seq_lens, qk_norm, gen)
-    scale = head_dim ** -0.5
-    parts = parts or default_num_partitions(len(seq_lens), heads[1], DEVICE)
-    tables, lens, slots = meta.block_tables, meta.seq_lens, meta.slot_mapping
-    want_cache, got_cache = cache.clone(), cache.clone()
-    q_rot = apply_rope_and_cache(q, k, v, positions, cos_sin, want_cache, slots, *norm)
-    want = paged_decode_attention(q_rot, want_cache, tables, lens, scale, out=_nan_like(q), num_partitions=parts,
-                                  block_n=block_n)
-    ws = make_decode_workspace(len(seq_lens), heads[0], heads[1], head_dim, parts, DEVICE) if parts > 1 else None
-    for _ in range(2):  # twice: the arrival counters are left zeroed, the cache rewritten with the same bits
-        got = rope_paged_decode_attention(q, k, v, positions, cos_sin, got_cache, slots, tables, lens, scale, *norm,
-                                          out=_nan_like(q), num_partitions=parts, workspace=ws, block_n=block_n)
-        assert torch.equal(got[-1], torch.zeros_like(got[-1])), "a padded row attends to nothing"
-        if ON_GPU and qk_norm:
-            ulp = torch.finfo(dtype).eps * want_cache.float().abs()
-            assert ((got_cache.float() - want_cache.float()).abs() <= ulp).all()
-            assert rel_err(got, want) < 1e-2
-        else:
-            assert torch.equal(got_cache, want_cache)
-            assert torch.equal(got, want)
-
-
 # -- prefill -------------------------------------------------------------------------------------------------
 
 PREFILL_CASES = [
@@ -297,34 +208,6 @@ def test_triton_backend_matches_torch_backend(kind):
     assert_close(got, want, dtype, kind)
 
 
-def test_triton_backend_fuses_rope_at_decode_steps_only():
-    """`rope_attend` at a decode step whose row b is sequence b gives what the rotary kernel then `forward` give,
-    bit for bit (no q/k norm: the same float operations on a GPU too); other steps, the torch backend and a
-    backend with fuse_rope off keep the unfused pair."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
-    from heron.kernels.rope import apply_rope_and_cache
-
-    gen = _gen(12)
-    heads, head_dim = GQA[1], 64
-    meta, q, k, v, positions, cos_sin, _, cache = _decode_step(torch.bfloat16, heads, head_dim, [12, 40, 3, 0],
-                                                               False, gen)
-    scale = head_dim ** -0.5
-    tri = TritonAttentionBackend(*heads, head_dim, scale)
-    tri.num_partitions = 2 if not ON_GPU else None
-    tri.reserve(4, DEVICE)
-    assert tri.fuses_rope(meta) and not TorchAttentionBackend(*heads, head_dim, scale).fuses_rope(meta)
-    want_cache = cache.clone()
-    want = tri.forward(apply_rope_and_cache(q, k, v, positions, cos_sin, want_cache, meta.slot_mapping), want_cache,
-                       meta)
-    got = tri.rope_attend(q, k, v, positions, cos_sin, cache, meta)
-    assert torch.equal(cache, want_cache) and torch.equal(got, want)
-    tri.fuse_rope = False
-    assert not tri.fuses_rope(meta)
-    for seq_lens, q_lens in [([20, 9], [20, 3]), ([25, 7], [1, 7]), ([12, 0, 5], [1, 0, 1])]:  # the last: T < B
-        assert not TritonAttentionBackend(*heads, head_dim, scale).fuses_rope(make_batch(seq_lens, q_lens, 16,
-                                                                                          DEVICE, gen))
-
-
 # -- CUDA only: production shapes, CUDA graphs ----------------------------------------------------------------
 
 @gpu_only
@@ -367,11 +250,10 @@ def test_paged_prefill_large(heads, head_dim):
 
 @gpu_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [False, True])
-def test_decode_step_replays_in_a_cuda_graph(fused):
-    """Capture the K/V write (inside the rotary kernel, or with `fused` inside the decode kernel; position 0
-    rotates nothing) + decode once, then change lengths, tables and inputs in place and replay: the result must
-    follow the new values (nothing host-side baked in), including a padded (seq_len 0, slot -1) row."""
+def test_decode_step_replays_in_a_cuda_graph():
+    """Capture the K/V write (inside the rotary kernel; position 0 rotates nothing) + decode once, then change
+    lengths, tables and inputs in place and replay: the result must follow the new values (nothing host-side
+    baked in), including a padded (seq_len 0, slot -1) row."""
     from heron.executor.attention.triton_backend import TritonAttentionBackend
     from heron.kernels.rope import apply_rope_and_cache
     from heron.models.layers import RotaryEmbedding
@@ -391,8 +273,6 @@ def test_decode_step_replays_in_a_cuda_graph(fused):
     positions = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
 
     def step():
-        if fused:
-            return backend.rope_attend(q, k, v, positions, cos_sin, cache, meta)
         return backend.forward(apply_rope_and_cache(q, k, v, positions, cos_sin, cache, meta.slot_mapping),
                                cache, meta)
 

@@ -6,10 +6,6 @@ ones last, found in the paged cache through block_tables[i]. Each layer's cache 
 [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]; `slot_mapping[t]` = block * block_size +
 offset says where token t's K/V go. Backends differ only in how they compute; the scheduler and the
 block manager never see them.
-
-A backend attends: the model's rotary embedding rotates q and k (after Qwen3's q/k norm) and writes this
-step's K/V into the cache first. A backend may also offer to do that itself, inside its attention kernel, at the
-steps where it can (`fuses_rope`, `rope_attend`): at a decode step that saves a launch per layer.
 """
 
 from __future__ import annotations
@@ -63,21 +59,7 @@ class AttentionBackend(ABC):
     def prepare(self, meta: AttentionMetadata) -> None:
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""
 
-    def fuses_rope(self, meta: AttentionMetadata) -> bool:
-        """Whether this step's layers should call `rope_attend` instead of the rotary embedding then `forward`.
-        A function of host-side values only (a captured graph keeps the choice it was captured with)."""
-        return False
-
-    def rope_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                    cos_sin: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                    q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-                    eps: float = 1e-6) -> torch.Tensor:
-        """`RotaryEmbedding.rotate_and_cache` then `forward`, in one call, at steps where `fuses_rope` says yes:
-        q [T, H, D], k, v [T, Hkv, D] are the unrotated views of the qkv projection, cos_sin the rotary table,
-        the norm weights (both or neither) Qwen3's q_norm / k_norm. Returns [T, H, D] in the cache's dtype."""
-        raise NotImplementedError(f"the {self.name} backend does not fuse RoPE into attention")
-
     @abstractmethod
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Attend q [T, H, D] (rotated) causally over each sequence's cached keys, this step's K/V among them
-        (the model's rotary embedding writes them at meta.slot_mapping first). Returns [T, H, D]."""
+        """Attend q [T, H, D] causally over each sequence's cached keys, this step's K/V among them (the
+        model's rotary embedding writes them at meta.slot_mapping first). Returns [T, H, D]."""

@@ -10,30 +10,19 @@ Two kernels rather than one: a decode row has a single query, so its only parall
 large M tiles. Selecting rows on the device (each kernel reads query_start_loc and returns for the other
 kind) needs no host-built index lists, no extra copies and no sync, at the cost of a few programs that
 exit at once.
-
-At a decode step with one row per sequence (every decode step the engine runs, graph-captured or not) the
-layer calls `rope_attend` (`fuses_rope`): the decode kernel itself applies the q/k norm and RoPE and writes the
-new K/V into the cache (paged_decode.rope_paged_decode_attention), one launch a layer instead of rope.py's kernel
-then the decode kernel. Prefill and mixed steps keep the two kernels: their prefill kernel has no such prologue.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
-
-if TYPE_CHECKING:
-    from heron.kernels.paged_decode import DecodeWorkspace
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graphs = True
     supports_prefill_cuda_graphs = True
-    fuse_rope = True  # rope_attend at decode steps (off: the unfused pair, which tests compare against)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -88,29 +77,13 @@ class TritonAttentionBackend(AttentionBackend):
         part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
         return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
-    def _partitions(self, batch: int, device: torch.device) -> tuple[int, DecodeWorkspace | None]:
-        """The split-KV partitions of a decode launch over `batch` sequences, and their workspace (None for 1)."""
-        parts = self.num_partitions or self._decode.default_num_partitions(batch, self.num_kv_heads, device)
-        return parts, self._workspace(batch, parts) if parts > 1 else None
-
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
         b = meta.num_seqs
-        parts, ws = self._partitions(b, q.device)
+        parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
+        ws = self._workspace(b, parts) if parts > 1 else None
         self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
                                             workspace=ws)
-
-    def fuses_rope(self, meta: AttentionMetadata) -> bool:
-        """A decode step whose row b is sequence b (the fused kernel reads no query_start_loc)."""
-        return self.fuse_rope and self._mode(meta) == "decode" and meta.num_tokens == meta.num_seqs
-
-    def rope_attend(self, q, k, v, positions, cos_sin, kv_cache, meta, q_norm_weight=None, k_norm_weight=None,
-                    eps=1e-6):
-        b = meta.num_seqs
-        parts, ws = self._partitions(b, q.device)
-        return self._decode.rope_paged_decode_attention(
-            q, k, v, positions, cos_sin, kv_cache, meta.slot_mapping, meta.block_tables[:b], meta.seq_lens[:b],
-            self.scale, q_norm_weight, k_norm_weight, eps, num_partitions=parts, workspace=ws)
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
