@@ -17,6 +17,11 @@ its launch and the gap after it (~2.5 us a layer); and the result is determinist
 
 The grid depends only on (B, Hkv, P): nothing host-side that changes per step, so the step can be captured in
 a CUDA graph with P fixed for the captured batch size; the counters are left zeroed by every call.
+
+Launch order: the GPU starts programs in grid order, and a program's work is its sequence's length, so a long
+sequence started last runs on while the other SMs idle. With `order` (`longest_first(seq_lens)`, computed on the
+device once a step) grid row i takes sequence order[i]: within each KV head's row of programs the longest go
+first and the last programs to start are short ones.
 """
 
 from __future__ import annotations
@@ -30,15 +35,18 @@ from heron.kernels.common import check_cache, dot_upcast, num_sms
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, order_ptr, out_ptr,
                          part_o_ptr, part_m_ptr, part_l_ptr, count_ptr, qk_scale,
                          stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                          stride_cblk, stride_coff, stride_ch,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                         HAS_ORDER: tl.constexpr):
     b = tl.program_id(0)
+    if HAS_ORDER:
+        b = tl.load(order_ptr + b).to(tl.int32)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
     if USE_QSL:
@@ -111,6 +119,12 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
             tl.store(count, 0)
 
 
+def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The sequences by descending length ([B] int64): `order` for paged_decode_attention. One small sort on the
+    device (no sync), shared by every layer of a step."""
+    return torch.argsort(seq_lens, descending=True)
+
+
 def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
     """KV partitions per sequence: enough (batch_size * num_kv_heads * P) programs for about four per SM,
     a power of two in [1, 16]. A function of the batch size and the model only, so one captured graph per
@@ -145,7 +159,7 @@ def make_decode_workspace(batch_size: int, num_heads: int, num_kv_heads: int, he
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                            num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
-                           workspace: DecodeWorkspace | None = None,
+                           workspace: DecodeWorkspace | None = None, order: torch.Tensor | None = None,
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int | None = None) -> torch.Tensor:
     """Decode attention over the paged cache.
@@ -154,8 +168,9 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     q [T, H, D] of a mixed batch: sequence b's row is query_start_loc[b] and sequences whose query length is
     not 1 are skipped (their output rows are left untouched). kv_cache [2, num_blocks, block_size, Hkv, D];
     block_tables [B, max_blocks] int32; seq_lens [B] int32 (keys per sequence, the query's own included;
-    0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). Returns `out`
-    (allocated like q if None). No host-device sync; the grid is (B, Hkv, P).
+    0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). `order`: a
+    permutation of the B sequences ([B] int), the launch order (`longest_first`); the result is the same.
+    Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -184,17 +199,19 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         assert counts.dtype == torch.int32 and counts.numel() >= batch * num_kv_heads and counts.is_contiguous()
     else:
         part_o = part_m = part_l = counts = out  # unused
+    assert order is None or order.shape[0] >= batch
     use_qsl = query_start_loc is not None
-    qsl = query_start_loc if use_qsl else seq_lens  # a placeholder pointer when unused
+    qsl = query_start_loc if use_qsl else seq_lens  # placeholder pointers when unused
+    rows = order if order is not None else seq_lens
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _paged_decode_kernel[(batch, num_kv_heads, num_partitions)](
-        q, k_cache, v_cache, block_tables, seq_lens, qsl, out, part_o, part_m, part_l, counts, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, qsl, rows, out, part_o, part_m, part_l, counts, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), num_warps=num_warps,
+        PRECISION=dot_precision(kv_cache.dtype), HAS_ORDER=order is not None, num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2))
     return out
 

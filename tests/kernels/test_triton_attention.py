@@ -12,8 +12,8 @@ triton = pytest.importorskip("triton")
 from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
-from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, make_decode_workspace,  # noqa: E402
-                                        paged_decode_attention, paged_decode_ref)
+from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, longest_first,  # noqa: E402
+                                        make_decode_workspace, paged_decode_attention, paged_decode_ref)
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
 from heron.models.layers import write_kv_torch  # noqa: E402
 
@@ -104,6 +104,24 @@ def test_paged_decode_counters_reset_and_partitions_combine_deterministically():
     assert torch.count_nonzero(ws[3]) == 0
     assert torch.equal(call(), first)
     assert_close(first, _oracle(q, cache, meta, 0.125), torch.bfloat16, "P=4 with a passed workspace")
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_paged_decode_launch_order_changes_nothing(parts):
+    """Programs launched longest sequence first (or in any order) compute what they compute in grid order,
+    bit for bit, a padded row (seq_len 0) included."""
+    gen = _gen(11)
+    seq_lens = [9, 70, 0, 33, 129]
+    meta = make_batch(seq_lens, [1, 1, 0, 1, 1], 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(5, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    order = longest_first(meta.seq_lens)
+    assert order.tolist() == [4, 1, 3, 0, 2]
+    call = lambda order: paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125,  # noqa: E731
+                                                out=_nan_like(q), num_partitions=parts, block_n=16, order=order)
+    want = call(None)
+    assert torch.equal(call(order), want)
+    assert torch.equal(call(torch.tensor([2, 0, 4, 3, 1], device=DEVICE)), want)
 
 
 def test_paged_decode_skips_prefill_rows_with_query_start_loc():
@@ -206,6 +224,40 @@ def test_triton_backend_matches_torch_backend(kind):
     tri.prepare(meta)
     got = tri.forward(q, cache, meta)
     assert_close(got, want, dtype, kind)
+
+
+def test_triton_backend_orders_a_decode_step_once(monkeypatch):
+    """Every layer of a decode step launches its programs longest first, from one sort per step; mixed steps
+    (rows found through query_start_loc) keep grid order."""
+    from heron.executor.attention import triton_backend
+    from heron.kernels import paged_decode
+
+    sorts, orders = [], []
+    monkeypatch.setattr(paged_decode, "longest_first",
+                        lambda lens: sorts.append(1) or torch.argsort(lens, descending=True))
+    real = paged_decode.paged_decode_attention
+    monkeypatch.setattr(paged_decode, "paged_decode_attention",
+                        lambda *a, order=None, **kw: orders.append(None if order is None else order.tolist()) or
+                        real(*a, order=order, **kw))
+    gen = _gen(12)
+    num_heads, num_kv_heads, head_dim = 8, 2, 64
+    tri = triton_backend.TritonAttentionBackend(num_heads, num_kv_heads, head_dim, 0.125)
+    tri.num_partitions = 2
+    tri.reserve(4, DEVICE)
+    steps = []
+    for seq_lens, q_lens in (([12, 40, 3], [1, 1, 1]), ([25, 7, 1], [1, 7, 1])):
+        meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+        cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
+        q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+        steps.append((q, cache, meta))
+        tri.prepare(meta)
+        for _ in range(2):  # two layers
+            tri.forward(q, cache, meta)
+    assert sorts == [1] and orders == [[1, 0, 2], [1, 0, 2], None, None]
+    q, cache, meta = steps[0]
+    tri.prepare(meta)  # the same step again (as a graph is captured after its eager warm-up): sorted again
+    tri.forward(q, cache, meta)
+    assert sorts == [1, 1]
 
 
 # -- CUDA only: production shapes, CUDA graphs ----------------------------------------------------------------

@@ -10,6 +10,10 @@ Two kernels rather than one: a decode row has a single query, so its only parall
 large M tiles. Selecting rows on the device (each kernel reads query_start_loc and returns for the other
 kind) needs no host-built index lists, no extra copies and no sync, at the cost of a few programs that
 exit at once.
+
+A decode step's programs start longest sequence first (`paged_decode.longest_first`, one argsort on the device
+by the step's first layer, shared by the others): the last programs to start are then short ones, not a long
+sequence that keeps one SM busy after the rest have finished.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
         self._planned: tuple[AttentionMetadata, str] | None = None
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
+        self._order: tuple[AttentionMetadata, torch.Tensor] | None = None  # a step's launch order, see _launch_order
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> str:
@@ -51,6 +56,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata) -> None:
         self._planned = (meta, self.plan(meta))
+        self._order = None  # a graph captured after an eager run of the same step sorts inside the graph
 
     def _mode(self, meta: AttentionMetadata) -> str:
         if self._planned is None or self._planned[0] is not meta:
@@ -77,13 +83,21 @@ class TritonAttentionBackend(AttentionBackend):
         part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
         return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
+    def _launch_order(self, meta: AttentionMetadata) -> torch.Tensor:
+        """The decode programs' launch order for this step, computed by its first layer (inside a captured graph
+        when the step is one) and reused by the others."""
+        if self._order is None or self._order[0] is not meta:
+            self._order = (meta, self._decode.longest_first(meta.seq_lens[: meta.num_seqs]))
+        return self._order[1]
+
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
         b = meta.num_seqs
         parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
         ws = self._workspace(b, parts) if parts > 1 else None
+        order = self._launch_order(meta) if query_start_loc is None and b > 1 else None
         self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
-                                            workspace=ws)
+                                            workspace=ws, order=order)
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
