@@ -281,6 +281,9 @@ def test_paged_decode_large(heads, head_dim, block_size):
         out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
                                      num_partitions=parts)
         assert_close(out, ref, torch.bfloat16, f"P={parts}")
+        ordered = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
+                                         num_partitions=parts, order=longest_first(meta.seq_lens))
+        assert torch.equal(ordered, out), f"P={parts}: launch order changed the result"
 
 
 @gpu_only
@@ -302,16 +305,18 @@ def test_paged_prefill_large(heads, head_dim):
 
 @gpu_only
 @pytest.mark.gpu
-def test_decode_step_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("batch", [16, 96])
+def test_decode_step_replays_in_a_cuda_graph(batch):
     """Capture the K/V write (inside the rotary kernel; position 0 rotates nothing) + decode once, then change
     lengths, tables and inputs in place and replay: the result must follow the new values (nothing host-side
-    baked in), including a padded (seq_len 0, slot -1) row."""
+    baked in), including a padded (seq_len 0, slot -1) row. Batch 96 (one partition) launches longest first:
+    the sort is replayed with the graph."""
     from heron.executor.attention.triton_backend import TritonAttentionBackend
     from heron.kernels.rope import apply_rope_and_cache
     from heron.models.layers import RotaryEmbedding
 
     gen = _gen(9)
-    batch, num_heads, num_kv_heads, head_dim, block_size = 16, 32, 8, 128, 16
+    num_heads, num_kv_heads, head_dim, block_size = 32, 8, 128, 16
     max_len = 1024
     meta = make_batch([max_len] * batch, [1] * batch, block_size, DEVICE, gen)
     cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)

@@ -11,9 +11,9 @@ large M tiles. Selecting rows on the device (each kernel reads query_start_loc a
 kind) needs no host-built index lists, no extra copies and no sync, at the cost of a few programs that
 exit at once.
 
-A decode step's programs start longest sequence first (`paged_decode.longest_first`, one argsort on the device
-by the step's first layer, shared by the others): the last programs to start are then short ones, not a long
-sequence that keeps one SM busy after the rest have finished.
+A decode step of many sequences (at most 2 partitions each) starts its programs longest sequence first
+(`paged_decode.longest_first`, one argsort on the device by the step's first layer, shared by the others): the
+last programs to start are then short ones, not a long sequence that keeps one SM busy after the rest finish.
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ class TritonAttentionBackend(AttentionBackend):
         b = meta.num_seqs
         parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
         ws = self._workspace(b, parts) if parts > 1 else None
-        order = self._launch_order(meta) if query_start_loc is None and b > 1 else None
+        # Ordered where each program has a long run of keys (<= 2 partitions, batches past ~64): there a long
+        # sequence started last would hold the tail; small batches split every sequence 4-16 ways instead.
+        order = self._launch_order(meta) if query_start_loc is None and b > 1 and parts <= 2 else None
         self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
                                             workspace=ws, order=order)
