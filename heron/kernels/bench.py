@@ -111,6 +111,11 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
     _time_configs(configs, call, lambda t: f"{kv_bytes / t / 1e12:5.2f} TB/s", iters=50, best=sweep)
 
 
+def _shown(cfg: dict) -> dict:
+    """A config for printing: a tensor argument (a launch order) by its size, not its values."""
+    return {k: f"<{v.numel()} ids>" if isinstance(v, torch.Tensor) else v for k, v in cfg.items()}
+
+
 def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> None:
     """Time call(cfg) per config by graph replay and print each with rate(seconds); configs that do not
     compile (shared memory) are reported and skipped; `best`: print the five fastest."""
@@ -119,10 +124,10 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
         try:
             t = _time_graph(lambda cfg=cfg: call(cfg), iters=iters)
         except Exception as e:  # noqa: BLE001
-            print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
+            print(f"  {_shown(cfg)}: failed ({type(e).__name__}: {str(e)[:80]})")
             continue
         results.append((t, cfg))
-        print(f"  {cfg}: {t * 1e6:8.1f} us  {rate(t)}")
+        print(f"  {_shown(cfg)}: {t * 1e6:8.1f} us  {rate(t)}")
     if best and results:
         results.sort(key=lambda r: r[0])
         print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
