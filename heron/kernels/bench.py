@@ -130,7 +130,7 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
         print(f"  {_shown(cfg)}: {t * 1e6:8.1f} us  {rate(t)}")
     if best and results:
         results.sort(key=lambda r: r[0])
-        print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
+        print("  best:", [f"{t * 1e6:.1f} us {_shown(c)}" for t, c in results[:5]])
 
 
 def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, int, int, int]):
