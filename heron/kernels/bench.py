@@ -94,7 +94,7 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
                  max_len=2048, sweep=False, seed=0):
     import functools
 
-    from heron.kernels.paged_decode import default_num_partitions
+    from heron.kernels.paged_decode import default_num_partitions, longest_first
 
     shape = (num_heads, num_kv_heads, head_dim, block_size)
     build = functools.partial(_decode_call, batch, (min_len, max_len), seed, shape)
@@ -103,8 +103,8 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
     print(f"decode B={batch} H={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
           f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
           f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}")
-    longest = sorted(range(batch), key=lambda i: -seq_lens[i])  # the engine's launch order (longest_first)
-    configs = [dict(num_partitions=None), dict(num_partitions=None, order=torch.tensor(longest, device="cuda"))]
+    order = longest_first(torch.tensor(seq_lens, device="cuda"))  # the engine's launch order
+    configs = [dict(num_partitions=None), dict(num_partitions=None, order=order)]
     if sweep:
         configs += _decode_configs(default_p)
         _compile_ahead(functools.partial(_decode_kernel_call, build), configs)

@@ -38,7 +38,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
         self._planned: tuple[AttentionMetadata, str] | None = None
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
-        self._order: tuple[AttentionMetadata, torch.Tensor] | None = None  # a step's launch order, see _launch_order
+        self._order: torch.Tensor | None = None  # the planned step's launch order, see _launch_order
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> str:
@@ -56,7 +56,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata) -> None:
         self._planned = (meta, self.plan(meta))
-        self._order = None  # a graph captured after an eager run of the same step sorts inside the graph
+        self._order = None  # sorted again for each step (and inside a graph captured after its eager run)
 
     def _mode(self, meta: AttentionMetadata) -> str:
         if self._planned is None or self._planned[0] is not meta:
@@ -84,11 +84,11 @@ class TritonAttentionBackend(AttentionBackend):
         return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
     def _launch_order(self, meta: AttentionMetadata) -> torch.Tensor:
-        """The decode programs' launch order for this step, computed by its first layer (inside a captured graph
-        when the step is one) and reused by the others."""
-        if self._order is None or self._order[0] is not meta:
-            self._order = (meta, self._decode.longest_first(meta.seq_lens[: meta.num_seqs]))
-        return self._order[1]
+        """The decode programs' launch order for the planned step (`forward` plans it first), computed by its first
+        layer (inside a captured graph when the step is one) and reused by the others."""
+        if self._order is None:
+            self._order = self._decode.longest_first(meta.seq_lens[: meta.num_seqs])
+        return self._order
 
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
         b = meta.num_seqs
