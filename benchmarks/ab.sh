@@ -8,13 +8,15 @@
 #   tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
 #   bash benchmarks/ab.sh /tmp/a /tmp/b 2 bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy ...
 #
-# Arguments: tree A, tree B, rounds, then the `heron` CLI arguments. Prints each run's "Heron, ..." result row
-# (the throughput table's) or, failing that, its last line; each run's log goes to $OUT/ab-<tree>-<round>.log.
+# Arguments: two or more source trees (directories), rounds, then the `heron` CLI arguments. Prints each run's
+# "Heron, ..." result row (the throughput table's) or, failing that, its last line; each run's log goes to
+# $OUT/ab-<tree>-<round>.log.
 set -u
-A=$1 B=$2 ROUNDS=$3; shift 3
+TREES=(); while [ -d "$1" ]; do TREES+=("$1"); shift; done
+ROUNDS=$1; shift
 OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT"
 for round in $(seq "$ROUNDS"); do
-  for tree in "$A" "$B"; do
+  for tree in "${TREES[@]}"; do
     log="$OUT/ab-$(basename "$tree")-$round.log"
     (cd "$tree" && PYTHONPATH="$tree:${SITE:-/tmp/site}" python3 -m heron.entrypoints.cli "$@") > "$log" 2>&1
     row=$(grep -a "^| Heron," "$log" | head -1)

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from heron.kernels.common import pdl_enter, pdl_options
 from heron.kernels.rmsnorm import fix_bf16, round_to
 from heron.models.layers import silu_and_mul_torch as silu_and_mul_ref  # noqa: F401  (the reference, re-exported)
 
@@ -20,7 +21,8 @@ BLOCK = 1024
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
-                         FIX_BF16: tl.constexpr):
+                         FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -46,5 +48,5 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, o2, inter, x2.stride(0), o2.stride(0), BLOCK=block, FIX_BF16=fix_bf16(),
-            num_warps=4 if block >= 512 else 1)
+            num_warps=4 if block >= 512 else 1, **pdl_options(x.device))
     return out

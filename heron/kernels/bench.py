@@ -104,7 +104,8 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
           f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
           f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}")
     order = longest_first(torch.tensor(seq_lens, device="cuda"))  # the engine's launch order
-    configs = [dict(num_partitions=None), dict(num_partitions=None, order=order)]
+    configs = [dict(num_partitions=None), dict(num_partitions=None, order=order),
+               dict(num_partitions=None, heads_first=True), dict(num_partitions=None, order=order, heads_first=True)]
     if sweep:
         configs += _decode_configs(default_p)
         _compile_ahead(functools.partial(_decode_kernel_call, build), configs)
@@ -613,7 +614,7 @@ def main() -> None:
     if args.decode_only:  # the `kernels` benchmark's case, offline Qwen3-8B decode steps (batch ~200, ~100), and
         # the offline run's spread of contexts (prompts 100-1024 tokens plus 0-1024 generated)
         for batch, lo, hi in ((args.batch, 1024, 2048), (200, 500, 1200), (100, 800, 1600), (200, 100, 2048),
-                              (100, 100, 2048), (48, 100, 2048)):
+                              (100, 100, 2048), (80, 100, 2048), (48, 100, 2048)):
             bench_decode(batch=batch, min_len=lo, max_len=hi, sweep=args.sweep)
         return
     bench_decode(batch=args.batch, sweep=args.sweep)

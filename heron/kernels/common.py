@@ -1,4 +1,4 @@
-"""Helpers the kernel wrappers share (host side only)."""
+"""Helpers the kernels and their wrappers share."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 def interpreting() -> bool:
@@ -34,3 +37,27 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl(device: torch.device) -> bool:
+    if device.type != "cuda" or interpreting() or os.environ.get("HERON_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def pdl_options(device: torch.device) -> dict:
+    """Launch arguments for programmatic dependent launch (sm_90+; HERON_PDL=0 turns it off): the kernel's PDL
+    flag and Triton's launch_pdl. Such a kernel is let onto the SMs while the stream's previous kernel finishes,
+    instead of after it: in a decode step of ~360 short kernels the launch gaps add up."""
+    return dict(PDL=True, launch_pdl=True) if _pdl(device) else dict(PDL=False)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A kernel's first statement under `pdl_options`: wait until the previous kernel has finished and its
+    writes are visible (before any load or store, so no program can touch memory early, nor exit before the
+    wait: the kernel's end then implies its predecessor's), then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -21,7 +21,9 @@ a CUDA graph with P fixed for the captured batch size; the counters are left zer
 Launch order: the GPU starts programs in grid order, and a program's work is its sequence's length, so a long
 sequence started last runs on while the other SMs idle. With `order` (`longest_first(seq_lens)`, computed on the
 device once a step) grid row i takes sequence order[i]: within each KV head's row of programs the longest go
-first and the last programs to start are short ones.
+first and the last programs to start are short ones. With `heads_first` the grid is (Hkv, B, P): the KV heads
+of one sequence start together (they read the same blocks, whose rows interleave the heads) and, with `order`,
+every (sequence, head) program runs in order of length, not once per head.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, tile_blocks
-from heron.kernels.common import check_cache, dot_upcast, num_sms
+from heron.kernels.common import check_cache, dot_upcast, num_sms, pdl_enter, pdl_options
 
 
 @triton.jit
@@ -43,11 +45,16 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
                          USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                         HAS_ORDER: tl.constexpr):
-    b = tl.program_id(0)
+                         HAS_ORDER: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    if HEADS_FIRST:
+        b = tl.program_id(1)
+        kvh = tl.program_id(0)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
     if HAS_ORDER:
         b = tl.load(order_ptr + b).to(tl.int32)
-    kvh = tl.program_id(1)
     part = tl.program_id(2)
     if USE_QSL:
         # Mixed batch: this sequence's one query row is at query_start_loc[b]; sequences with more than one
@@ -161,7 +168,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
                            num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
                            workspace: DecodeWorkspace | None = None, order: torch.Tensor | None = None,
                            block_n: int | None = None, num_warps: int = 4,
-                           num_stages: int | None = None) -> torch.Tensor:
+                           num_stages: int | None = None, heads_first: bool = False) -> torch.Tensor:
     """Decode attention over the paged cache.
 
     q [B, H, D] (one query per sequence, row b is sequence b), or, with `query_start_loc` [B + 1] int32,
@@ -169,8 +176,9 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     not 1 are skipped (their output rows are left untouched). kv_cache [2, num_blocks, block_size, Hkv, D];
     block_tables [B, max_blocks] int32; seq_lens [B] int32 (keys per sequence, the query's own included;
     0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). `order`: a
-    permutation of the B sequences ([B] int), the launch order (`longest_first`); the result is the same.
-    Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P).
+    permutation of the B sequences ([B] int), the launch order (`longest_first`); `heads_first`: the KV heads
+    innermost in the grid. Neither changes the result.
+    Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P) or (Hkv, B, P).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -204,15 +212,18 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     qsl = query_start_loc if use_qsl else seq_lens  # placeholder pointers when unused
     rows = order if order is not None else seq_lens
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    _paged_decode_kernel[(batch, num_kv_heads, num_partitions)](
+    grid = (num_kv_heads, batch, num_partitions) if heads_first else (batch, num_kv_heads, num_partitions)
+    _paged_decode_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, qsl, rows, out, part_o, part_m, part_l, counts, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
         PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), HAS_ORDER=order is not None, num_warps=num_warps,
-        num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2))
+        PRECISION=dot_precision(kv_cache.dtype), HAS_ORDER=order is not None, HEADS_FIRST=heads_first,
+        num_warps=num_warps,
+        num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
+        **pdl_options(q.device))
     return out
 
 

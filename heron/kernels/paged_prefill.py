@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, dot_precision
-from heron.kernels.common import check_cache, dot_upcast
+from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
 
 
 @triton.jit
@@ -99,7 +99,8 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
                           stride_cblk, stride_coff, stride_ch,
                           G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SKIP_DECODE: tl.constexpr,
-                          UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                          UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     qt = tl.program_id(0)
     b = tl.program_id(1)
@@ -206,7 +207,7 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
         G=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         SKIP_DECODE=skip_decode, UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-        maxnreg=maxnreg or cfg["maxnreg"])
+        maxnreg=maxnreg or cfg["maxnreg"], **pdl_options(q.device))
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import interpreting
+from heron.kernels.common import interpreting, pdl_enter, pdl_options
 from heron.models.layers import rms_norm_torch as rms_norm_ref  # noqa: F401  (the reference, re-exported)
 
 MAX_HIDDEN = 8192
@@ -44,7 +44,8 @@ def fix_bf16() -> bool:
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, n_cols,
                      stride_x, stride_r, stride_o, stride_ro, eps,
                      HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                     FIX_BF16: tl.constexpr):
+                     FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -96,7 +97,7 @@ def _launch(x, residual, weight, eps, out, residual_out):
             x2, r2, weight, o2, ro2, rows, n,
             x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=per_prog, FIX_BF16=fix_bf16(),
-            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16)
+            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16, **pdl_options(x.device))
     return out, residual_out
 
 

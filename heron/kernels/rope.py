@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import check_cache
+from heron.kernels.common import check_cache, pdl_enter, pdl_options
 from heron.kernels.rmsnorm import fix_bf16, round_to
 from heron.models.layers import rope_torch as apply_rope_ref  # noqa: F401  (the reference, re-exported)
 
@@ -59,7 +59,8 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr, qw_ptr, k
                  stride_cblk, stride_coff, stride_ch, num_slots, eps,
                  NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
                  BLOCK_H: tl.constexpr, HALF: tl.constexpr, TO_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 FIX_BF16: tl.constexpr):
+                 FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -161,5 +162,5 @@ def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_ou
         slot_mapping.shape[0] if to_cache else 0, eps,
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HAS_NORM=has_norm, BLOCK_H=block_h, HALF=head_dim // 2,
         TO_CACHE=to_cache, BLOCK_SIZE=k_out.shape[1] if to_cache else 1, FIX_BF16=fix_bf16(),
-        num_warps=4 if block_h * head_dim <= 2048 else 8)
+        num_warps=4 if block_h * head_dim <= 2048 else 8, **pdl_options(q.device))
     return q_out

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from heron.kernels.common import interpreting, num_sms
+from heron.kernels.common import interpreting, num_sms, pdl_enter, pdl_options
 
 
 @triton.jit
@@ -128,7 +128,9 @@ def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR: tl.constex
 @triton.jit
 def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
                    part_best_ptr, part_idx_ptr, out_ptr, V, tiles_per_split,
-                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl_enter(PDL)
     r = tl.program_id(0)
     s = tl.program_id(1)
     num_tiles = tl.cdiv(V, BLOCK)
@@ -157,7 +159,8 @@ def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
 
 
 @triton.jit
-def _reduce_kernel(part_best_ptr, part_idx_ptr, out_ptr, S, S_PAD: tl.constexpr):
+def _reduce_kernel(part_best_ptr, part_idx_ptr, out_ptr, S, S_PAD: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     r = tl.program_id(0)
     s = tl.arange(0, S_PAD)
     b = tl.load(part_best_ptr + r * S + s, mask=s < S, other=-float("inf"))
@@ -202,18 +205,20 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: t
         part_best = part_idx = out  # unread
     interp = interpreting()
     extra = {} if interp else {"enable_fp_fusion": False}  # bit-for-bit torch: no a * b + c -> fma
+    pdl = pdl_options(logits.device)
     _sample_kernel[(rows, splits)](
         logits, logits.stride(0), temperature, thr, seeds, counters, part_best, part_idx, out,
         vocab, tiles_per_split, HAS_THR=thresholds is not None, SPLIT=splits > 1, BLOCK=block,
-        LIBDEVICE=not interp, num_warps=num_warps, **extra)
+        LIBDEVICE=not interp, num_warps=num_warps, **extra, **pdl)
     if splits > 1:
         _reduce_kernel[(rows,)](part_best, part_idx, out, splits, S_PAD=triton.next_power_of_2(splits),
-                                num_warps=1)
+                                num_warps=1, **pdl)
     return out
 
 
 @triton.jit
-def _logsumexp_kernel(x_ptr, stride_r, inv_t_ptr, out_ptr, V, BLOCK: tl.constexpr):
+def _logsumexp_kernel(x_ptr, stride_r, inv_t_ptr, out_ptr, V, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     r = tl.program_id(0)
     row_ptr = x_ptr + r.to(tl.int64) * stride_r
     inv_t = tl.load(inv_t_ptr + r).to(tl.float32)
@@ -238,5 +243,5 @@ def row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor, *, block: int = 8192, nu
     if rows:
         block = min(block, max(16, triton.next_power_of_2(vocab)))
         _logsumexp_kernel[(rows,)](x, x.stride(0), inv_t.to(torch.float32).contiguous(), out, vocab, BLOCK=block,
-                                   num_warps=num_warps)
+                                   num_warps=num_warps, **pdl_options(x.device))
     return out

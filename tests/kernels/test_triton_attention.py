@@ -108,8 +108,8 @@ def test_paged_decode_counters_reset_and_partitions_combine_deterministically():
 
 @pytest.mark.parametrize("parts", [1, 3])
 def test_paged_decode_launch_order_changes_nothing(parts):
-    """Programs launched longest sequence first (or in any order) compute what they compute in grid order,
-    bit for bit, a padded row (seq_len 0) included."""
+    """Programs launched longest sequence first (or in any order, KV heads innermost or not) compute what they
+    compute in grid order, bit for bit, a padded row (seq_len 0) included."""
     gen = _gen(11)
     seq_lens = [9, 70, 0, 33, 129]
     meta = make_batch(seq_lens, [1, 1, 0, 1, 1], 16, DEVICE, gen)
@@ -117,11 +117,14 @@ def test_paged_decode_launch_order_changes_nothing(parts):
     q = torch.randn(5, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
     order = longest_first(meta.seq_lens)
     assert order.tolist() == [4, 1, 3, 0, 2]
-    call = lambda order: paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125,  # noqa: E731
-                                                out=_nan_like(q), num_partitions=parts, block_n=16, order=order)
+    call = lambda order, heads_first=False: paged_decode_attention(  # noqa: E731
+        q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q), num_partitions=parts, block_n=16,
+        order=order, heads_first=heads_first)
     want = call(None)
     assert torch.equal(call(order), want)
     assert torch.equal(call(torch.tensor([2, 0, 4, 3, 1], device=DEVICE)), want)
+    assert torch.equal(call(None, heads_first=True), want)
+    assert torch.equal(call(order, heads_first=True), want)
 
 
 def test_paged_decode_skips_prefill_rows_with_query_start_loc():
@@ -284,6 +287,10 @@ def test_paged_decode_large(heads, head_dim, block_size):
         ordered = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
                                          num_partitions=parts, order=longest_first(meta.seq_lens))
         assert torch.equal(ordered, out), f"P={parts}: launch order changed the result"
+        heads_first = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
+                                             num_partitions=parts, order=longest_first(meta.seq_lens),
+                                             heads_first=True)
+        assert torch.equal(heads_first, out), f"P={parts}: heads-first launch order changed the result"
 
 
 @gpu_only

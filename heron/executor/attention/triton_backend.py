@@ -99,7 +99,7 @@ class TritonAttentionBackend(AttentionBackend):
         order = self._launch_order(meta) if query_start_loc is None and b > 1 and parts <= 2 else None
         self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
                                             out=out, num_partitions=parts, query_start_loc=query_start_loc,
-                                            workspace=ws, order=order)
+                                            workspace=ws, order=order, heads_first=order is not None)
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
