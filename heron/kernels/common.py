@@ -41,7 +41,7 @@ def num_sms(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _pdl(device: torch.device) -> bool:
-    if device.type != "cuda" or interpreting() or os.environ.get("HERON_PDL", "1") == "0":
+    if device.type != "cuda" or torch.version.hip or interpreting() or os.environ.get("HERON_PDL", "1") == "0":
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
