@@ -48,5 +48,5 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, o2, inter, x2.stride(0), o2.stride(0), BLOCK=block, FIX_BF16=fix_bf16(),
-            num_warps=4 if block >= 512 else 1, **pdl_options(x.device))
+            num_warps=4 if block >= 512 else 1, **pdl_options(x.device, rows))
     return out

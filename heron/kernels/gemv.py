@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast, num_sms, pdl_enter, pdl_options
+from heron.kernels.common import dot_upcast, num_sms
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 MAX_M = 16
@@ -128,8 +128,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, FIX_BF16: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
+                 HAS_RESIDUAL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -335,5 +334,5 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(), PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(x.device))
+        HAS_RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -223,7 +223,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
         PRECISION=dot_precision(kv_cache.dtype), HAS_ORDER=order is not None, HEADS_FIRST=heads_first,
         num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
-        **pdl_options(q.device))
+        **pdl_options(q.device, q.shape[0]))
     return out
 
 

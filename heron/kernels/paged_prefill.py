@@ -207,7 +207,7 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
         G=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         SKIP_DECODE=skip_decode, UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-        maxnreg=maxnreg or cfg["maxnreg"], **pdl_options(q.device))
+        maxnreg=maxnreg or cfg["maxnreg"], **pdl_options(q.device, q.shape[0]))
     return out
 
 

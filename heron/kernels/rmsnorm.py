@@ -97,7 +97,7 @@ def _launch(x, residual, weight, eps, out, residual_out):
             x2, r2, weight, o2, ro2, rows, n,
             x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=per_prog, FIX_BF16=fix_bf16(),
-            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16, **pdl_options(x.device))
+            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16, **pdl_options(x.device, rows))
     return out, residual_out
 
 

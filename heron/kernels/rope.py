@@ -162,5 +162,5 @@ def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_ou
         slot_mapping.shape[0] if to_cache else 0, eps,
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HAS_NORM=has_norm, BLOCK_H=block_h, HALF=head_dim // 2,
         TO_CACHE=to_cache, BLOCK_SIZE=k_out.shape[1] if to_cache else 1, FIX_BF16=fix_bf16(),
-        num_warps=4 if block_h * head_dim <= 2048 else 8, **pdl_options(q.device))
+        num_warps=4 if block_h * head_dim <= 2048 else 8, **pdl_options(q.device, num_tokens))
     return q_out

@@ -205,7 +205,7 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: t
         part_best = part_idx = out  # unread
     interp = interpreting()
     extra = {} if interp else {"enable_fp_fusion": False}  # bit-for-bit torch: no a * b + c -> fma
-    pdl = pdl_options(logits.device)
+    pdl = pdl_options(logits.device, rows)
     _sample_kernel[(rows, splits)](
         logits, logits.stride(0), temperature, thr, seeds, counters, part_best, part_idx, out,
         vocab, tiles_per_split, HAS_THR=thresholds is not None, SPLIT=splits > 1, BLOCK=block,
@@ -243,5 +243,5 @@ def row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor, *, block: int = 8192, nu
     if rows:
         block = min(block, max(16, triton.next_power_of_2(vocab)))
         _logsumexp_kernel[(rows,)](x, x.stride(0), inv_t.to(torch.float32).contiguous(), out, vocab, BLOCK=block,
-                                   num_warps=num_warps, **pdl_options(x.device))
+                                   num_warps=num_warps, **pdl_options(x.device, rows))
     return out
