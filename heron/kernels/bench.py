@@ -65,8 +65,10 @@ def _time_graph(fn, iters: int = 50) -> float:
 
 def _decode_call(batch: int, lens: tuple[int, int], seed: int, shape: tuple[int, int, int, int]):
     """call(cfg) = the paged decode kernel with config cfg on B sequences of uniform random lengths in `lens`
-    (shape: heads, KV heads, head dim, block size); also returns the K/V bytes it reads and the lengths."""
-    from heron.kernels.paged_decode import paged_decode_attention
+    (shape: heads, KV heads, head dim, block size); cfg's `longest_first=True` passes the engine's launch order
+    (a flag, not the order itself, so that configs stay picklable for _compile_ahead's workers). Also returns
+    the K/V bytes it reads and the lengths."""
+    from heron.kernels.paged_decode import longest_first, paged_decode_attention
 
     num_heads, num_kv_heads, head_dim, block_size = shape
     dev, gen = torch.device("cuda"), torch.Generator().manual_seed(seed)
@@ -75,7 +77,13 @@ def _decode_call(batch: int, lens: tuple[int, int], seed: int, shape: tuple[int,
     q = torch.randn(batch, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
     out = torch.empty_like(q)
     kv_bytes = sum(seq_lens) * num_kv_heads * head_dim * 2 * cache.element_size()
-    call = lambda cfg: paged_decode_attention(q, cache, tables, lens_t, head_dim ** -0.5, out=out, **cfg)  # noqa
+    order = longest_first(lens_t)
+
+    def call(cfg: dict) -> torch.Tensor:
+        cfg = dict(cfg)
+        ordered = cfg.pop("longest_first", False)
+        return paged_decode_attention(q, cache, tables, lens_t, head_dim ** -0.5, out=out,
+                                      order=order if ordered else None, **cfg)
     return call, kv_bytes, seq_lens
 
 
@@ -84,9 +92,11 @@ def _decode_kernel_call(build):
 
 
 def _decode_configs(default_p: int) -> list[dict]:
-    """The decode sweep: P / 2, P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages."""
+    """The decode sweep: P / 2, P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages; launched as the
+    triton backend launches them (longest first, KV heads innermost, at <= 2 partitions)."""
     parts = sorted({max(1, default_p // 2), default_p, 2 * default_p})
-    return [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s)
+    return [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s,
+                 **(dict(longest_first=True, heads_first=True) if p <= 2 else {}))
             for p, bn, w, s in itertools.product(parts, (32, 64, 128), (4, 8), (2, 3))]
 
 
@@ -94,7 +104,7 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
                  max_len=2048, sweep=False, seed=0):
     import functools
 
-    from heron.kernels.paged_decode import default_num_partitions, longest_first
+    from heron.kernels.paged_decode import default_num_partitions
 
     shape = (num_heads, num_kv_heads, head_dim, block_size)
     build = functools.partial(_decode_call, batch, (min_len, max_len), seed, shape)
@@ -103,18 +113,12 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
     print(f"decode B={batch} H={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
           f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
           f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}")
-    order = longest_first(torch.tensor(seq_lens, device="cuda"))  # the engine's launch order
-    configs = [dict(num_partitions=None), dict(num_partitions=None, order=order),
-               dict(num_partitions=None, heads_first=True), dict(num_partitions=None, order=order, heads_first=True)]
+    configs = [dict(num_partitions=None, longest_first=lf, heads_first=hf) for hf in (False, True)
+               for lf in (False, True)]
     if sweep:
         configs += _decode_configs(default_p)
         _compile_ahead(functools.partial(_decode_kernel_call, build), configs)
     _time_configs(configs, call, lambda t: f"{kv_bytes / t / 1e12:5.2f} TB/s", iters=50, best=sweep)
-
-
-def _shown(cfg: dict) -> dict:
-    """A config for printing: a tensor argument (a launch order) by its size, not its values."""
-    return {k: f"<{v.numel()} ids>" if isinstance(v, torch.Tensor) else v for k, v in cfg.items()}
 
 
 def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> None:
@@ -125,13 +129,13 @@ def _time_configs(configs: list[dict], call, rate, iters: int, best: bool) -> No
         try:
             t = _time_graph(lambda cfg=cfg: call(cfg), iters=iters)
         except Exception as e:  # noqa: BLE001
-            print(f"  {_shown(cfg)}: failed ({type(e).__name__}: {str(e)[:80]})")
+            print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
             continue
         results.append((t, cfg))
-        print(f"  {_shown(cfg)}: {t * 1e6:8.1f} us  {rate(t)}")
+        print(f"  {cfg}: {t * 1e6:8.1f} us  {rate(t)}")
     if best and results:
         results.sort(key=lambda r: r[0])
-        print("  best:", [f"{t * 1e6:.1f} us {_shown(c)}" for t, c in results[:5]])
+        print("  best:", [f"{t * 1e6:.1f} us {c}" for t, c in results[:5]])
 
 
 def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, int, int, int]):
