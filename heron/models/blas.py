@@ -62,8 +62,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         rows = x.numel() // x.shape[-1]
         cand = plan.candidate(rows)
         if cand is not None and bias is None:
-            out = x.new_empty(*x.shape[:-1], weight.shape[0])
-            if _run(cand, x, weight, out):
+            out = _run(cand, x, weight, x.dtype)
+            if out is not None:
                 return out
         if plan.wants_lt(rows):
             return linear_lt(x, weight, bias)
@@ -76,8 +76,8 @@ def mm_float32(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None =
     plan: Plan | None = getattr(weight, F32_PLAN_ATTR, None)
     cand = plan.candidate(x.shape[0]) if plan is not None else None
     if cand is not None:
-        y = out if out is not None else x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-        if _run(cand, x, weight, y):
+        y = _run(cand, x, weight, torch.float32, out)
+        if y is not None:
             return y
     return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
 
@@ -92,14 +92,20 @@ def linear_lt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         torch.backends.cuda.preferred_blas_library(before)
 
 
-def _run(cand: Candidate, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
-    """out = x @ weight.T by `cand`, if the matrices are laid out as it was found for (else False: not run)."""
+def _run(cand: Candidate, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
+         out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ weight.T by `cand` into `out` (allocated once the operands are checked, if None), or None (not run)
+    where the matrices are not laid out as it was found for."""
     lt = _cublaslt.get(x.device.index)
-    x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
-    if lt is None or not lt.fits(x2, weight, out2):
-        return False
-    lt.matmul(x2, weight, out2, cand)
-    return True
+    x2 = x.reshape(-1, x.shape[-1])
+    if lt is None or not lt.fits(x2, weight) or (out is not None and not lt.fits(out)):
+        return None
+    if out is None:
+        out = x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
+        if not lt.fits(out):  # a fresh block is 512-byte aligned: kept for the contract's sake
+            return None
+    lt.matmul(x2, weight, out.view(-1, out.shape[-1]), cand)
+    return out
 
 
 def time_on_gpu(calls: list[Call], weights: list[torch.Tensor], x: torch.Tensor, rounds: int = ROUNDS) -> list[float]:

@@ -116,9 +116,9 @@ class CublasLt:
                 for i in range(found.value) if results[i].state == 0]
 
     @staticmethod
-    def fits(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
-        """Whether the three matrices are laid out as the candidates assumed: contiguous, aligned."""
-        return all(t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0 for t in (x, weight, out))
+    def fits(*matrices: torch.Tensor) -> bool:
+        """Whether the matrices are laid out as the candidates assumed: contiguous, aligned."""
+        return all(t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0 for t in matrices)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cand: Candidate) -> torch.Tensor:
         """out [m, n] = x [m, k] @ weight [n, k].T with `cand` (found for exactly these shapes and dtypes)."""
