@@ -1,68 +1,118 @@
-"""Do cuBLASLt's other heuristic candidates run Qwen3-8B's projections faster than its first pick? (GPU)
+"""Do cuBLASLt's other algorithms run Qwen3-8B's projections faster than its first pick? (GPU)
 
-`python benchmarks/cublaslt_probe.py [rows ...]`. PyTorch's matmul runs cuBLAS's default or cuBLASLt's first
-heuristic pick, and its TunableOp registers no other kernel on CUDA (docs/perf_notes.md run 23). This asks
-cuBLASLt itself (`heron.models.cublaslt`, the engine's binding) for its candidates per (shape, rows), checks each
-one's product against F.linear, and times each by CUDA-graph replay over rotating weight copies (past the L2
-cache), against cuBLAS's default and PyTorch's cuBLASLt (run 26; `heron/models/blas.py` now chooses among them
-at start-up).
+`python benchmarks/cublaslt_probe.py [--search] [--table PATH] [rows ...]`. PyTorch's matmul runs cuBLAS's
+default or cuBLASLt's first heuristic pick, and its TunableOp registers no other kernel on CUDA
+(docs/perf_notes.md run 23). This asks cuBLASLt itself (`heron.models.cublaslt`, the engine's binding) for its
+heuristic candidates per (shape, rows) and, with `--search`, for every configuration of their algorithms
+(tiles x stages x split-K, `CublasLt.search`); it checks each one's product against F.linear and times each
+over rotating weight copies (past the L2 cache), against cuBLAS's default and PyTorch's cuBLASLt, all by
+`blas.time_on_gpu` (the engine's start-up timer). `--table` writes the searched configurations that beat every
+heuristic candidate by 1%, in the form `CublasLt` reads its table (heron/models/cublaslt_table.json).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from heron.kernels.bench import _time_graph  # noqa: E402
-from heron.models.blas import linear_lt  # noqa: E402
-from heron.models.cublaslt import CublasLt  # noqa: E402
+from heron.models.blas import CANDIDATE_MARGIN, MAX_REL_ERR, linear_lt, time_on_gpu  # noqa: E402
+from heron.models.cublaslt import Candidate, CublasLt, table_key  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per decode step)
 ROWS = (32, 64, 128, 192, 200, 256)
+CHUNK = 16  # calls timed behind one sleep kernel (a longer queue would outrun the sleep)
 
 
-def main(rows: tuple[int, ...]) -> None:
+def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
+             ref: torch.Tensor) -> list[Candidate]:
+    kept = []
+    for cand in cands:
+        try:
+            y.fill_(float("nan"))
+            lt.matmul(x, w, y, cand)
+        except RuntimeError:
+            continue
+        if ((y.float() - ref).abs().max() / ref.abs().max()).item() < MAX_REL_ERR:  # (NaN fails too)
+            kept.append(cand)
+    return kept
+
+
+def _times(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, weights: list[torch.Tensor],
+           y: torch.Tensor) -> list[float]:
+    """Seconds per call of each candidate (over one weight copy), in chunks."""
+    out = []
+    for i in range(0, len(cands), CHUNK):
+        calls = [lambda a, w, c=c: lt.matmul(a, w, y, c) for c in cands[i:i + CHUNK]]
+        out += [t / len(weights) for t in time_on_gpu(calls, weights, x)]
+    return out
+
+
+def main(rows: tuple[int, ...], search: bool, table_path: str | None) -> None:
     dev = torch.device("cuda")
     lt = CublasLt(dev)
-    print(torch.cuda.get_device_name(), torch.__version__, "cuBLASLt candidates per problem")
-    step = {m: [0.0, 0.0, 0.0] for m in rows}  # cuBLAS default, PyTorch's cuBLASLt, best candidate
+    print(torch.cuda.get_device_name(), torch.__version__, f"cuBLASLt {lt.version}, "
+          f"{len(lt.algo_ids(torch.bfloat16, torch.bfloat16))} algorithms for bf16", flush=True)
+    step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, PyTorch's cuBLASLt, best heuristic, best of all
+    entries = []
     for name, (n, k, count) in SHAPES.items():
-        copies = max(1, min(8, (400 << 20) // (2 * n * k)))
+        copies = max(1, min(8, (256 << 20) // (2 * n * k)))
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16  # the LM head's logits are float32
         for m in rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            y = torch.empty(m, n, device=dev, dtype=out_dtype)
             ref = F.linear(x.float(), weights[0].float())
-            t = [_time_graph(lambda: [call(x, w) for w in weights], iters=1) / copies for call in (F.linear, linear_lt)]
-            cands = lt.candidates(m, n, k, torch.bfloat16, torch.bfloat16)
-            timed = []
-            for i, cand in enumerate(cands):
-                try:
-                    y.fill_(float("nan"))
-                    lt.matmul(x, weights[0], y, cand)
-                    err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-                    if not err < 2e-2:  # (NaN fails too)
-                        print(f"    candidate {i}: wrong product (rel err {err:.3g}), skipped")
-                        continue
-                    t_cand = _time_graph(lambda: [lt.matmul(x, w, y, cand) for w in weights], iters=1)
-                    timed.append((t_cand / copies, i, cand.workspace))
-                except RuntimeError as e:
-                    print(f"    candidate {i}: {e}")
-            timed.sort()
-            best = timed[0][0] if timed else float("inf")
-            for j, v in enumerate((t[0], t[1], min(best, t[0], t[1]))):
+            libs = ([lambda a, w: torch.mm(a, w.t(), out_dtype=torch.float32)] if name == "lm_head"
+                    else [F.linear, linear_lt])
+            t_libs = [t / copies for t in time_on_gpu(libs, weights, x)]
+            heur = _correct(lt, lt.candidates(m, n, k, torch.bfloat16, out_dtype), x, weights[0], y, ref)
+            t_heur = _times(lt, heur, x, weights, y)
+            best_h = min([*t_heur, float("inf")])
+            line = (f"{name:8s} M={m:4d}: cuBLAS {t_libs[0] * 1e6:7.1f}  " +
+                    (f"torch-Lt {t_libs[1] * 1e6:7.1f}  " if len(t_libs) > 1 else "") +
+                    f"heuristic best {best_h * 1e6:7.1f} of {len(heur)}")
+            best_all = min(best_h, *t_libs)
+            if search:
+                start = time.perf_counter()
+                found = lt.search(m, n, k, torch.bfloat16, out_dtype)
+                checked = time.perf_counter() - start
+                good = _correct(lt, found, x, weights[0], y, ref)
+                t_s = _times(lt, good, x, weights, y)
+                order = sorted(range(len(good)), key=t_s.__getitem__)
+                line += f"  searched {len(found)} ({checked:.1f} s), {len(good)} correct"
+                if order:
+                    i = order[0]
+                    line += f", best {t_s[i] * 1e6:7.1f} x{min(best_h, *t_libs) / t_s[i]:.3f}: {lt.config(good[i])}"
+                    best_all = min(best_all, t_s[i])
+                    if t_s[i] < CANDIDATE_MARGIN * min(best_h, *t_libs):
+                        entries.append({"key": table_key(m, n, k, torch.bfloat16, out_dtype),
+                                        "config": lt.config(good[i]), "us": round(t_s[i] * 1e6, 2),
+                                        "us_before": round(min(best_h, *t_libs) * 1e6, 2)})
+            print(line, flush=True)
+            for j, v in enumerate((t_libs[0], min(t_libs), min(best_h, *t_libs), best_all)):
                 step[m][j] += count * v
-            top = ", ".join(f"#{i} {s * 1e6:.1f} us (ws {ws >> 10} KiB)" for s, i, ws in timed[:3])
-            print(f"{name:8s} M={m:5d}: cuBLAS {t[0] * 1e6:8.1f}  torch-Lt {t[1] * 1e6:8.1f}  "
-                  f"{len(cands)} candidates, best x{min(t) / best:.3f} vs the better of the two: {top}")
-    print("one decode step of Qwen3-8B's matmuls, ms: cuBLAS / PyTorch's cuBLASLt / best of all")
-    for m, (a, b, c) in step.items():
-        print(f"  M={m:5d}: {a * 1e3:7.2f} {b * 1e3:7.2f} {c * 1e3:7.2f}  x{min(a, b) / c:.3f}")
+        del weights
+    print("one decode step of Qwen3-8B's matmuls, ms: cuBLAS / better library / + heuristic candidates / + searched")
+    for m, v in step.items():
+        print(f"  M={m:5d}: " + " ".join(f"{t * 1e3:7.2f}" for t in v) + f"  x{v[2] / v[3]:.3f}")
+    if table_path:
+        with open(table_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "cublaslt": lt.version, "entries": entries}, f,
+                      indent=1)
+        print(f"{len(entries)} entries written to {table_path}")
 
 
 if __name__ == "__main__":
-    main(tuple(int(r) for r in sys.argv[1:]) or ROWS)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rows", nargs="*", type=int)
+    ap.add_argument("--search", action="store_true", help="also every configuration of the heuristic's algorithms")
+    ap.add_argument("--table", help="write the searched winners here (JSON)")
+    a = ap.parse_args()
+    main(tuple(a.rows) or ROWS, a.search, a.table)
