@@ -95,6 +95,8 @@ def main(rows: tuple[int, ...], search: bool, table_path: str | None) -> None:
                         entries.append({"key": table_key(m, n, k, torch.bfloat16, out_dtype),
                                         "config": lt.config(good[i]), "us": round(t_s[i] * 1e6, 2),
                                         "us_before": round(min(best_h, *t_libs) * 1e6, 2)})
+                        if table_path:  # after each problem: a run cut short keeps what it found
+                            _write(table_path, lt, entries)
             print(line, flush=True)
             for j, v in enumerate((t_libs[0], min(t_libs), min(best_h, *t_libs), best_all)):
                 step[m][j] += count * v
@@ -103,10 +105,12 @@ def main(rows: tuple[int, ...], search: bool, table_path: str | None) -> None:
     for m, v in step.items():
         print(f"  M={m:5d}: " + " ".join(f"{t * 1e3:7.2f}" for t in v) + f"  x{v[2] / v[3]:.3f}")
     if table_path:
-        with open(table_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "cublaslt": lt.version, "entries": entries}, f,
-                      indent=1)
         print(f"{len(entries)} entries written to {table_path}")
+
+
+def _write(path: str, lt: CublasLt, entries: list[dict]) -> None:
+    with open(path, "w") as f:
+        json.dump([{"device": torch.cuda.get_device_name(), "cublaslt": lt.version, "entries": entries}], f, indent=1)
 
 
 if __name__ == "__main__":
