@@ -31,8 +31,8 @@ for s in $SECTIONS; do case $s in
   blas-probe) run blas-probe python3 benchmarks/blas_probe.py ;;  # cuBLAS / cuBLASLt / TunableOp per projection
   cublaslt-probe) run cublaslt-probe python3 benchmarks/cublaslt_probe.py ;;  # cuBLASLt's other candidates
   cublaslt-search)  # every configuration of the candidates' algorithms; the winners as a table (cublaslt_table.json)
-    run cublaslt-search timeout ${CUBLASLT_TIMEOUT:-420} python3 benchmarks/cublaslt_probe.py --search --table "$OUT/cublaslt_table.json" \
-        ${CUBLASLT_ROWS:-} ;;
+    run cublaslt-search timeout "${CUBLASLT_TIMEOUT:-420}" python3 benchmarks/cublaslt_probe.py --search \
+        --table "$OUT/cublaslt_table.json" ${CUBLASLT_ROWS:-} ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
