@@ -28,6 +28,7 @@ SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 409
           "lm_head": (151936, 4096, 1)}  # name: (N, K, per decode step)
 ROWS = (32, 64, 128, 192, 200, 256)
 CHUNK = 16  # calls timed behind one sleep kernel (a longer queue would outrun the sleep)
+SCREEN_CHUNK, FINALISTS = 64, 8  # the search's first pass (one round, half the copies), then its best 8 in full
 
 
 def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
@@ -45,23 +46,34 @@ def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Ten
 
 
 def _times(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, weights: list[torch.Tensor],
-           y: torch.Tensor) -> list[float]:
+           y: torch.Tensor, chunk: int = CHUNK, rounds: int = 3) -> list[float]:
     """Seconds per call of each candidate (over one weight copy), in chunks."""
     out = []
-    for i in range(0, len(cands), CHUNK):
-        calls = [lambda a, w, c=c: lt.matmul(a, w, y, c) for c in cands[i:i + CHUNK]]
-        out += [t / len(weights) for t in time_on_gpu(calls, weights, x)]
+    for i in range(0, len(cands), chunk):
+        calls = [lambda a, w, c=c: lt.matmul(a, w, y, c) for c in cands[i:i + chunk]]
+        out += [t / len(weights) for t in time_on_gpu(calls, weights, x, rounds)]
     return out
 
 
-def main(rows: tuple[int, ...], search: bool, table_path: str | None) -> None:
+def _finalists(lt: CublasLt, found: list[Candidate], x: torch.Tensor, weights: list[torch.Tensor],
+               y: torch.Tensor, ref: torch.Tensor) -> tuple[list[Candidate], list[float]]:
+    """The searched configurations' fastest few by a quick first pass, checked, then timed in full."""
+    quick = _times(lt, found, x, weights[:max(1, len(weights) // 2)], y, SCREEN_CHUNK, rounds=1)
+    best = _correct(lt, [found[i] for i in sorted(range(len(found)), key=quick.__getitem__)[:FINALISTS]],
+                    x, weights[0], y, ref)
+    return best, _times(lt, best, x, weights, y)
+
+
+def main(rows: tuple[int, ...], shapes: list[str], search: bool, all_algos: bool, table_path: str | None) -> None:
     dev = torch.device("cuda")
     lt = CublasLt(dev)
+    algo_ids = lt.algo_ids(torch.bfloat16, torch.bfloat16) if all_algos else None
     print(torch.cuda.get_device_name(), torch.__version__, f"cuBLASLt {lt.version}, "
           f"{len(lt.algo_ids(torch.bfloat16, torch.bfloat16))} algorithms for bf16", flush=True)
     step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, PyTorch's cuBLASLt, best heuristic, best of all
     entries = []
-    for name, (n, k, count) in SHAPES.items():
+    for name in shapes:
+        n, k, count = SHAPES[name]
         copies = max(1, min(8, (256 << 20) // (2 * n * k)))
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16  # the LM head's logits are float32
@@ -81,12 +93,10 @@ def main(rows: tuple[int, ...], search: bool, table_path: str | None) -> None:
             best_all = min(best_h, *t_libs)
             if search:
                 start = time.perf_counter()
-                found = lt.search(m, n, k, torch.bfloat16, out_dtype)
-                checked = time.perf_counter() - start
-                good = _correct(lt, found, x, weights[0], y, ref)
-                t_s = _times(lt, good, x, weights, y)
+                found = lt.search(m, n, k, torch.bfloat16, out_dtype, algo_ids)
+                good, t_s = _finalists(lt, found, x, weights, y, ref)
                 order = sorted(range(len(good)), key=t_s.__getitem__)
-                line += f"  searched {len(found)} ({checked:.1f} s), {len(good)} correct"
+                line += f"  searched {len(found)} in {time.perf_counter() - start:.1f} s"
                 if order:
                     i = order[0]
                     line += f", best {t_s[i] * 1e6:7.1f} x{min(best_h, *t_libs) / t_s[i]:.3f}: {lt.config(good[i])}"
@@ -116,7 +126,9 @@ def _write(path: str, lt: CublasLt, entries: list[dict]) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="*", type=int)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--search", action="store_true", help="also every configuration of the heuristic's algorithms")
+    ap.add_argument("--all-algos", action="store_true", help="search every algorithm cuBLASLt has (slower)")
     ap.add_argument("--table", help="write the searched winners here (JSON)")
     a = ap.parse_args()
-    main(tuple(a.rows) or ROWS, a.search, a.table)
+    main(tuple(a.rows) or ROWS, a.shapes.split(","), a.search, a.all_algos, a.table)

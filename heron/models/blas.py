@@ -203,7 +203,8 @@ def tune(weights: Iterable[torch.Tensor], rows: list[int], timer: Timer = time_o
                 pick = cands[best - len(libs)] if best >= len(libs) and t[best] < CANDIDATE_MARGIN * t_lib else None
                 lt_wins.append(len(libs) == 2 and t[1] < t[0])
                 exact.append(pick)
-                kind = "candidate" if pick is not None else "cublaslt" if lt_wins[-1] else "cublas"
+                kind = ("cublas" if pick is None and not lt_wins[-1] else "cublaslt" if pick is None
+                        else "searched" if pick.rank < 0 else "candidate")  # searched: from cuBLASLt's table
                 chosen = t[best] if pick is not None else t_lib
                 found[(m, n, k, out_dtype)] = (t[0] * len(ws) / len(copies), chosen * len(ws) / len(copies), kind)
             plan = Plan(tuple(rows), tuple(lt_wins), tuple(exact))
@@ -235,7 +236,7 @@ def summary(found: dict, seconds: float) -> str:
         per_rows[m][1] += t_chosen
         kinds[kind] += 1
     steps = ", ".join(f"{m}: {a * 1e3:.2f} -> {b * 1e3:.2f}" for m, (a, b) in sorted(per_rows.items()))
-    won = ", ".join(f"{kind} {kinds[kind]}" for kind in ("cublas", "cublaslt", "candidate"))
+    won = ", ".join(f"{kind} {kinds[kind]}" for kind in ("cublas", "cublaslt", "candidate", "searched"))
     return (f"matmuls tuned in {seconds:.1f} s over {len(found)} (rows, shape) pairs, chosen: {won}; "
             f"ms of matmuls per step by rows (cuBLAS -> chosen): {steps}")
 

@@ -26,13 +26,15 @@ def _fake_timer(lt_faster: set[tuple[int, int]], cand_times: dict | None = None)
 
 
 class _FakeLt:
-    """cuBLASLt's interface on the CPU: candidate 1 of each problem writes a wrong product."""
+    """cuBLASLt's interface on the CPU: candidate 1 of each problem writes a wrong product; `searched`: a table's
+    configuration follows the heuristic's (rank -1)."""
 
-    def __init__(self, count: int = 3):
-        self.count, self.runs = count, []
+    def __init__(self, count: int = 3, searched: bool = False):
+        self.count, self.searched, self.runs = count, searched, []
 
     def candidates(self, m, n, k, dtype, out_dtype):
-        return [blas.Candidate(None, 0, i, (m, n, k)) for i in range(self.count)]
+        ranks = list(range(self.count)) + [-1] * self.searched
+        return [blas.Candidate(None, 0, i, (m, n, k)) for i in ranks]
 
     @staticmethod
     def fits(*matrices):
@@ -82,6 +84,16 @@ def test_tune_picks_a_checked_candidate_only_at_its_row_count_and_past_the_margi
     blas.linear(torch.randn(31, 4), ws[1])
     blas.linear(x, ws[1], torch.zeros(6))  # a bias: not a candidate's problem
     assert lt.runs == [(2, 32)]
+
+
+def test_tune_names_a_searched_configuration_that_wins(monkeypatch):
+    monkeypatch.setattr(blas, "_lt_for", lambda device: _FakeLt(count=1, searched=True))
+    ws = [torch.randn(6, 4)]
+    timer, asked = _fake_timer(set(), {(32, 6): [0.9, 0.8], (64, 6): [0.8, 0.9]})
+    found = blas.tune(ws, [32, 64], timer)
+    plan = getattr(ws[0], blas.PLAN_ATTR)
+    assert plan.candidate(32).rank == -1 and found[(32, 6, 4, torch.float32)][2] == "searched"
+    assert plan.candidate(64).rank == 0 and found[(64, 6, 4, torch.float32)][2] == "candidate"
 
 
 def test_tune_float32_out_keeps_its_own_plan(monkeypatch):
@@ -146,10 +158,10 @@ def test_time_on_gpu_times_the_calls_in_turn_and_survives_a_refusal(monkeypatch)
 def test_summary_sums_a_step_per_row_count():
     f32 = torch.float32
     found = {(32, 12, 8, f32): (3e-3, 2e-3, "cublaslt"), (32, 8, 16, f32): (6e-3, 4e-3, "candidate"),
-             (64, 8, 16, f32): (1e-3, 1e-3, "cublas")}
+             (64, 8, 16, f32): (1e-3, 1e-3, "cublas"), (64, 12, 8, f32): (2e-3, 1e-3, "searched")}
     line = blas.summary(found, 1.25)
-    assert "in 1.2 s over 3 (rows, shape) pairs, chosen: cublas 1, cublaslt 1, candidate 1" in line
-    assert "32: 9.00 -> 6.00" in line and "64: 1.00 -> 1.00" in line
+    assert "in 1.2 s over 4 (rows, shape) pairs, chosen: cublas 1, cublaslt 1, candidate 1, searched 1" in line
+    assert "32: 9.00 -> 6.00" in line and "64: 3.00 -> 2.00" in line
 
 
 def test_linear_on_cpu_ignores_a_plan():
