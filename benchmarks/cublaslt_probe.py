@@ -1,19 +1,23 @@
 """Do cuBLASLt's other algorithms run Qwen3-8B's projections faster than its first pick? (GPU)
 
-`python benchmarks/cublaslt_probe.py [--search] [--table PATH] [rows ...]`. PyTorch's matmul runs cuBLAS's
+`python benchmarks/cublaslt_probe.py [--model DIR] [--search] [--table PATH] [rows ...]`. PyTorch's matmul runs cuBLAS's
 default or cuBLASLt's first heuristic pick, and its TunableOp registers no other kernel on CUDA
 (docs/perf_notes.md run 23). This asks cuBLASLt itself (`heron.models.cublaslt`, the engine's binding) for its
 heuristic candidates per (shape, rows) and, with `--search`, for every configuration of their algorithms
 (tiles x stages x split-K, `CublasLt.search`); it checks each one's product against F.linear and times each
 over rotating weight copies (past the L2 cache), against cuBLAS's default and PyTorch's cuBLASLt, all by
 `blas.time_on_gpu` (the engine's start-up timer). `--table` writes the searched configurations that beat every
-heuristic candidate by 1%, in the form `CublasLt` reads its table (heron/models/cublaslt_table.json).
+heuristic candidate by 1%, into the table `CublasLt` reads (heron/models/cublaslt_table.json: this GPU model's
+entries are replaced, other models' kept). The H200's table came from (run 34)
+`python benchmarks/cublaslt_probe.py --search --shapes qkv,o,gate_up,down --table heron/models/cublaslt_table.json
+$(seq 64 8 256)`; `--model` takes the projections' shapes from a model folder's config.json instead of Qwen3-8B's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -24,11 +28,22 @@ sys.path.insert(0, ".")
 from heron.models.blas import CANDIDATE_MARGIN, MAX_REL_ERR, linear_lt, time_on_gpu  # noqa: E402
 from heron.models.cublaslt import Candidate, CublasLt, table_key  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
-          "lm_head": (151936, 4096, 1)}  # name: (N, K, per decode step)
+QWEN3_8B = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+SHAPE_NAMES = ("qkv", "o", "gate_up", "down", "lm_head")
 ROWS = (32, 64, 128, 192, 200, 256)
 CHUNK = 16  # calls timed behind one sleep kernel (a longer queue would outrun the sleep)
 SCREEN_CHUNK, FINALISTS = 64, 8  # the search's first pass (one round, half the copies), then its best 8 in full
+
+
+def shapes_of(config: dict) -> dict[str, tuple[int, int, int]]:
+    """A decoder's matmuls by name: (N, K, how many a decode step runs)."""
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config.get("num_key_value_heads", config["num_attention_heads"]) * d
+    inter = config["intermediate_size"]
+    return {"qkv": (q + 2 * kv, h, layers), "o": (h, q, layers), "gate_up": (2 * inter, h, layers),
+            "down": (h, inter, layers), "lm_head": (config["vocab_size"], h, 1)}
 
 
 def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
@@ -64,7 +79,8 @@ def _finalists(lt: CublasLt, found: list[Candidate], x: torch.Tensor, weights: l
     return best, _times(lt, best, x, weights, y)
 
 
-def main(rows: tuple[int, ...], shapes: list[str], search: bool, all_algos: bool, table_path: str | None) -> None:
+def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, all_algos: bool,
+         table_path: str | None) -> None:
     dev = torch.device("cuda")
     lt = CublasLt(dev)
     algo_ids = lt.algo_ids(torch.bfloat16, torch.bfloat16) if all_algos else None
@@ -72,8 +88,9 @@ def main(rows: tuple[int, ...], shapes: list[str], search: bool, all_algos: bool
           f"{len(lt.algo_ids(torch.bfloat16, torch.bfloat16))} algorithms for bf16", flush=True)
     step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, PyTorch's cuBLASLt, best heuristic, best of all
     entries = []
-    for name in shapes:
-        n, k, count = SHAPES[name]
+    shapes = shapes_of(config)
+    for name in names:
+        n, k, count = shapes[name]
         copies = max(1, min(8, (256 << 20) // (2 * n * k)))
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16  # the LM head's logits are float32
@@ -111,7 +128,7 @@ def main(rows: tuple[int, ...], shapes: list[str], search: bool, all_algos: bool
             for j, v in enumerate((t_libs[0], min(t_libs), min(best_h, *t_libs), best_all)):
                 step[m][j] += count * v
         del weights
-    print("one decode step of Qwen3-8B's matmuls, ms: cuBLAS / better library / + heuristic candidates / + searched")
+    print("one decode step's matmuls, ms: cuBLAS / better library / + heuristic candidates / + searched")
     for m, v in step.items():
         print(f"  M={m:5d}: " + " ".join(f"{t * 1e3:7.2f}" for t in v) + f"  x{v[2] / v[3]:.3f}")
     if table_path:
@@ -119,16 +136,32 @@ def main(rows: tuple[int, ...], shapes: list[str], search: bool, all_algos: bool
 
 
 def _write(path: str, lt: CublasLt, entries: list[dict]) -> None:
+    """This GPU model's table in the file at `path`, replacing its previous one; the problems it did not search
+    keep their entries."""
+    device = torch.cuda.get_device_name()
+    tables = json.load(open(path)) if os.path.exists(path) else []
+    mine = next((t for t in tables if t["device"] == device), {"entries": []})
+    merged = {e["key"]: e for e in mine["entries"]} | {e["key"]: e for e in entries}
+    tables = [t for t in tables if t["device"] != device]
+    tables.append({"device": device, "cublaslt": lt.version, "entries": sorted(merged.values(), key=_order)})
     with open(path, "w") as f:
-        json.dump([{"device": torch.cuda.get_device_name(), "cublaslt": lt.version, "entries": entries}], f, indent=1)
+        json.dump(tables, f, indent=1)
+        f.write("\n")
+
+
+def _order(entry: dict) -> tuple:
+    m, rest = entry["key"].split("x", 1)
+    return rest, int(m)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="*", type=int)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    ap.add_argument("--model", help="a model folder: its config.json's shapes (default: Qwen3-8B's)")
+    ap.add_argument("--shapes", default=",".join(SHAPE_NAMES), help=f"of {', '.join(SHAPE_NAMES)}")
     ap.add_argument("--search", action="store_true", help="also every configuration of the heuristic's algorithms")
     ap.add_argument("--all-algos", action="store_true", help="search every algorithm cuBLASLt has (slower)")
     ap.add_argument("--table", help="write the searched winners here (JSON)")
     a = ap.parse_args()
-    main(tuple(a.rows) or ROWS, a.shapes.split(","), a.search, a.all_algos, a.table)
+    config = json.load(open(os.path.join(a.model, "config.json"))) if a.model else QWEN3_8B
+    main(tuple(a.rows) or ROWS, config, a.shapes.split(","), a.search, a.all_algos, a.table)

@@ -30,9 +30,10 @@ for s in $SECTIONS; do case $s in
   decode-sweep) run decode-sweep python3 -m heron.kernels.bench --decode-only --sweep ;;
   blas-probe) run blas-probe python3 benchmarks/blas_probe.py ;;  # cuBLAS / cuBLASLt / TunableOp per projection
   cublaslt-probe) run cublaslt-probe python3 benchmarks/cublaslt_probe.py ;;  # cuBLASLt's other candidates
-  cublaslt-search)  # every configuration of the candidates' algorithms; the winners as a table (cublaslt_table.json)
+  cublaslt-search)  # every configuration of the candidates' algorithms; the winners into the tree's table
     run cublaslt-search timeout "${CUBLASLT_TIMEOUT:-420}" python3 benchmarks/cublaslt_probe.py --search \
-        --table "$OUT/cublaslt_table.json" ${CUBLASLT_ROWS:-} ;;
+        --shapes qkv,o,gate_up,down --table heron/models/cublaslt_table.json ${CUBLASLT_ROWS:-$(seq 64 8 256)}
+    cp heron/models/cublaslt_table.json "$OUT/" ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
