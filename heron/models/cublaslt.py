@@ -211,12 +211,6 @@ class CublasLt:
                                                       len(ids), ids, ctypes.byref(count)))
         return list(ids[:count.value])
 
-    def caps(self, algo_id: int, dtype: torch.dtype, out_dtype: torch.dtype) -> dict[str, list[int]]:
-        """An algorithm's tiles, stages, split-K support and reduction schemes (for the probe's report)."""
-        algo = self._init(algo_id, dtype, out_dtype)
-        return {"tiles": self._cap(algo, _CAP_TILE_IDS), "stages": self._cap(algo, _CAP_STAGES_IDS),
-                "splitk": self._cap(algo, _CAP_SPLITK), "reduction": self._cap(algo, _CAP_REDUCTION_MASK)}
-
     def _init(self, algo_id: int, dtype: torch.dtype, out_dtype: torch.dtype) -> _Algo:
         algo = _Algo()
         types = _DATA_TYPE[dtype], _DATA_TYPE[dtype], _DATA_TYPE[out_dtype], _DATA_TYPE[out_dtype]
