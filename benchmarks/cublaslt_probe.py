@@ -83,10 +83,11 @@ def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, al
          table_path: str | None) -> None:
     dev = torch.device("cuda")
     lt = CublasLt(dev)
-    algo_ids = lt.algo_ids(torch.bfloat16, torch.bfloat16) if all_algos else None
-    print(torch.cuda.get_device_name(), torch.__version__, f"cuBLASLt {lt.version}, "
-          f"{len(lt.algo_ids(torch.bfloat16, torch.bfloat16))} algorithms for bf16", flush=True)
-    step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, PyTorch's cuBLASLt, best heuristic, best of all
+    every_algo = lt.algo_ids(torch.bfloat16, torch.bfloat16)
+    algo_ids = every_algo if all_algos else None
+    print(torch.cuda.get_device_name(), torch.__version__,
+          f"cuBLASLt {lt.version}, {len(every_algo)} algorithms for bf16", flush=True)
+    step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, the better library, + heuristic candidates, + searched
     entries = []
     shapes = shapes_of(config)
     for name in names:
@@ -107,25 +108,24 @@ def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, al
             line = (f"{name:8s} M={m:4d}: cuBLAS {t_libs[0] * 1e6:7.1f}  " +
                     (f"torch-Lt {t_libs[1] * 1e6:7.1f}  " if len(t_libs) > 1 else "") +
                     f"heuristic best {best_h * 1e6:7.1f} of {len(heur)}")
-            best_all = min(best_h, *t_libs)
+            before = best_all = min(best_h, *t_libs)  # the best the engine had without a search
             if search:
                 start = time.perf_counter()
                 found = lt.search(m, n, k, torch.bfloat16, out_dtype, algo_ids)
                 good, t_s = _finalists(lt, found, x, weights, y, ref)
-                order = sorted(range(len(good)), key=t_s.__getitem__)
                 line += f"  searched {len(found)} in {time.perf_counter() - start:.1f} s"
-                if order:
-                    i = order[0]
-                    line += f", best {t_s[i] * 1e6:7.1f} x{min(best_h, *t_libs) / t_s[i]:.3f}: {lt.config(good[i])}"
+                if good:
+                    i = min(range(len(good)), key=t_s.__getitem__)
+                    config = lt.config(good[i])
+                    line += f", best {t_s[i] * 1e6:7.1f} x{before / t_s[i]:.3f}: {config}"
                     best_all = min(best_all, t_s[i])
-                    if t_s[i] < CANDIDATE_MARGIN * min(best_h, *t_libs):
-                        entries.append({"key": table_key(m, n, k, torch.bfloat16, out_dtype),
-                                        "config": lt.config(good[i]), "us": round(t_s[i] * 1e6, 2),
-                                        "us_before": round(min(best_h, *t_libs) * 1e6, 2)})
+                    if t_s[i] < CANDIDATE_MARGIN * before:
+                        entries.append({"key": table_key(m, n, k, torch.bfloat16, out_dtype), "config": config,
+                                        "us": round(t_s[i] * 1e6, 2), "us_before": round(before * 1e6, 2)})
                         if table_path:  # after each problem: a run cut short keeps what it found
                             _write(table_path, lt, entries)
             print(line, flush=True)
-            for j, v in enumerate((t_libs[0], min(t_libs), min(best_h, *t_libs), best_all)):
+            for j, v in enumerate((t_libs[0], min(t_libs), before, best_all)):
                 step[m][j] += count * v
         del weights
     print("one decode step's matmuls, ms: cuBLAS / better library / + heuristic candidates / + searched")

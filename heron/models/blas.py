@@ -203,8 +203,10 @@ def tune(weights: Iterable[torch.Tensor], rows: list[int], timer: Timer = time_o
                 pick = cands[best - len(libs)] if best >= len(libs) and t[best] < CANDIDATE_MARGIN * t_lib else None
                 lt_wins.append(len(libs) == 2 and t[1] < t[0])
                 exact.append(pick)
-                kind = ("cublas" if pick is None and not lt_wins[-1] else "cublaslt" if pick is None
-                        else "searched" if pick.rank < 0 else "candidate")  # searched: from cuBLASLt's table
+                if pick is not None:
+                    kind = "searched" if pick.rank < 0 else "candidate"  # searched: from cuBLASLt's table
+                else:
+                    kind = "cublaslt" if lt_wins[-1] else "cublas"
                 chosen = t[best] if pick is not None else t_lib
                 found[(m, n, k, out_dtype)] = (t[0] * len(ws) / len(copies), chosen * len(ws) / len(copies), kind)
             plan = Plan(tuple(rows), tuple(lt_wins), tuple(exact))
