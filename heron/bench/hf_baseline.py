@@ -69,9 +69,10 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> torch.Tensor:
+def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                   stopping_criteria: list | None = None) -> torch.Tensor:
     """One static batch, left-padded; returns the generated ids [B, max_new_tokens]."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, StoppingCriteriaList
 
     device = hf.device
     width = max(len(p) for p in prompts)
@@ -85,7 +86,8 @@ def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperatur
                               do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
                               top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
                               eos_token_id=None, pad_token_id=0)
-    out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                      stopping_criteria=StoppingCriteriaList(stopping_criteria or []))
     return out[:, width:]
 
 
@@ -110,19 +112,37 @@ def run_hf(hf, requests: list[BenchRequest], batch_size: int, temperature: float
     return HFRun(seconds, sum(r.output_len for r in requests), generated, batch_size, len(requests))
 
 
+class _TokenClock:
+    """A stopping criterion that never stops: it only stamps the time each generated token is ready, so that
+    TTFT and decode time come from one `generate` call (differences of separate noisy runs can go negative)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.stamps = device, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        _sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def run_hf_latency(hf, prompt: list[int], output_len: int, temperature: float, iters: int) -> dict:
-    """Batch 1: decode ms per token = (time for output_len tokens - time for 1) / (output_len - 1)."""
+    """Batch 1, median of `iters` runs: TTFT = start to the first token, decode ms per token = first token
+    to last / (output_len - 1), both stamped inside the same `generate` call."""
+    if output_len < 2:
+        raise ValueError(f"decode time needs at least 2 output tokens, got {output_len}.")
     device = hf.device
 
-    def timed(n: int) -> float:
-        start = time.perf_counter()
-        generate_batch(hf, [prompt], n, temperature)
+    def timed() -> dict:
+        clock = _TokenClock(device)
         _sync(device)
-        return time.perf_counter() - start
+        start = time.perf_counter()
+        generate_batch(hf, [prompt], output_len, temperature, stopping_criteria=[clock])
+        end = time.perf_counter()
+        if len(clock.stamps) != output_len:
+            raise RuntimeError(f"transformers stamped {len(clock.stamps)} tokens, {output_len} were asked.")
+        return {"hf_decode_ms_per_token": (clock.stamps[-1] - clock.stamps[0]) / (output_len - 1) * 1e3,
+                "hf_output_tokens_per_s": output_len / (end - start), "hf_ttft_ms": (clock.stamps[0] - start) * 1e3}
 
-    timed(min(output_len, 8))  # warm-up
-    first = sorted(timed(1) for _ in range(iters))[iters // 2]
-    total = sorted(timed(output_len) for _ in range(iters))[iters // 2]
-    decode_ms = (total - first) / max(output_len - 1, 1) * 1e3
-    return {"hf_decode_ms_per_token": decode_ms, "hf_output_tokens_per_s": output_len / total,
-            "hf_ttft_ms": first * 1e3}
+    timed()  # warm-up
+    runs = sorted((timed() for _ in range(iters)), key=lambda r: r["hf_decode_ms_per_token"])
+    return runs[len(runs) // 2]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from heron.bench.datasets import random_token_requests
-from heron.bench.hf_baseline import generate_batch, load_hf_model, run_hf
+from heron.bench.hf_baseline import generate_batch, load_hf_model, run_hf, run_hf_latency
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,17 @@ def test_left_padding_does_not_change_greedy_tokens(tiny_hf):
     together = generate_batch(tiny_hf, [long, short], 6, 0.0)
     assert together.shape == (2, 6)
     assert torch.equal(together[1], alone[0])
+
+
+def test_latency_times_come_from_one_call_and_cannot_go_negative(tiny_hf):
+    """TTFT and decode time are stamped inside one `generate` call: both positive, and together no longer
+    than the call (the old difference of two separately timed calls went negative on a busy machine)."""
+    m = run_hf_latency(tiny_hf, [5, 6, 7, 8], output_len=6, temperature=0.0, iters=3)
+    assert m["hf_ttft_ms"] > 0 and m["hf_decode_ms_per_token"] > 0
+    call_ms = 6 / m["hf_output_tokens_per_s"] * 1e3
+    assert m["hf_ttft_ms"] + 5 * m["hf_decode_ms_per_token"] <= call_ms
+    with pytest.raises(ValueError, match="at least 2 output tokens"):
+        run_hf_latency(tiny_hf, [5, 6], output_len=1, temperature=0.0, iters=1)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_utils import pick_device
+from tests.kernels.kernel_utils import pick_device
 
 from heron.kernels import common
 from heron.kernels.activation import silu_and_mul

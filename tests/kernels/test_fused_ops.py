@@ -12,7 +12,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import skip_unless_runnable, pick_device, rel_err
+from tests.kernels.kernel_utils import skip_unless_runnable, pick_device, rel_err
 
 from heron.kernels.activation import (
     _silu_and_mul_kernel,

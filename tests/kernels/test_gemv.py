@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import pick_device, rel_err, skip_unless_runnable
+from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 from heron.kernels.gemv import (GemvConfig, _gemv_kernel, gemv, gemv_rms_norm, gemv_silu_mul, make_workspace,
                                 pick_config, use_gemv)

@@ -12,7 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
-from kernel_utils import skip_unless_runnable, pick_device  # noqa: E402
+from tests.kernels.kernel_utils import skip_unless_runnable, pick_device  # noqa: E402
 
 from heron.engine.request import Request  # noqa: E402
 from heron.executor.sampler import (Sampler, SamplingTensors, gumbel_noise, sample_tokens_torch,  # noqa: E402

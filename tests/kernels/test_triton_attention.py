@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
+from tests.kernels.kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
 
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, longest_first,  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from remote_server import ALIAS, API_KEY, ENV_API_KEY, MODEL, RemoteServer
+from tests.entrypoints.openai.remote_server import ALIAS, API_KEY, ENV_API_KEY, MODEL, RemoteServer
 
 
 @pytest.fixture(scope="session")

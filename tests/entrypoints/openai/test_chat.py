@@ -6,7 +6,7 @@ import asyncio
 from functools import partial
 
 import pytest
-from remote_server import MODEL, parallel
+from tests.entrypoints.openai.remote_server import MODEL, parallel
 
 pytestmark = pytest.mark.slow
 

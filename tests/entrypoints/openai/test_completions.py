@@ -7,7 +7,7 @@ import asyncio
 from functools import partial
 
 import pytest
-from remote_server import ALIAS, MAX_MODEL_LEN, MODEL, parallel
+from tests.entrypoints.openai.remote_server import ALIAS, MAX_MODEL_LEN, MODEL, parallel
 
 pytestmark = pytest.mark.slow
 

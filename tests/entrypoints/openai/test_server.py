@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from remote_server import API_KEY, ENV_API_KEY, MAX_MODEL_LEN, MODEL
+from tests.entrypoints.openai.remote_server import API_KEY, ENV_API_KEY, MAX_MODEL_LEN, MODEL
 
 pytestmark = pytest.mark.slow
 

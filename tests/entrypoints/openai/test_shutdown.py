@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from remote_server import MODEL, RemoteServer
+from tests.entrypoints.openai.remote_server import MODEL, RemoteServer
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import torch
 from heron.executor.attention.flashinfer_backend import SCRATCH_BLOCK, page_table
 from heron.executor.attention.torch_ref import TorchAttentionBackend
 from heron.models.layers import write_kv_torch
-from kernels.kernel_utils import assert_close, make_batch, make_cache  # tests/kernels: shared random paged batches
+from tests.kernels.kernel_utils import assert_close, make_batch, make_cache
 
 needs_flashinfer = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("flashinfer") is None,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from heron.executor.attention.torch_ref import paged_attention_batched, paged_attention_ref
-from kernels.kernel_utils import make_batch, make_cache, rel_err  # tests/kernels: shared random paged batches
+from tests.kernels.kernel_utils import make_batch, make_cache, rel_err
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (16, 2, 128)])
