@@ -17,8 +17,13 @@ sys.path.insert(0, ".")
 from heron.kernels.bench import _time_graph  # noqa: E402
 from heron.models.blas import linear_lt  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096, 36), "o": (4096, 4096, 36), "gate_up": (24576, 4096, 36), "down": (4096, 12288, 36),
-          "lm_head": (151936, 4096, 1)}  # name: (N, K, per step)
+SHAPES = {
+    "qkv": (6144, 4096, 36),
+    "o": (4096, 4096, 36),
+    "gate_up": (24576, 4096, 36),
+    "down": (4096, 12288, 36),
+    "lm_head": (151936, 4096, 1),
+}  # name: (N, K, per step)
 ROWS = (32, 64, 96, 128, 160, 192, 200, 224, 256, 8192)
 
 
@@ -53,8 +58,10 @@ def main(rows: tuple[int, ...]) -> None:
             err = (ref.float() - base).abs().max().item()
             for i in range(3):
                 step[m][i] += count * t[i]
-            print(f"{name:8s} M={m:5d}: {t[0] * 1e6:8.1f} {t[1] * 1e6:8.1f} {t[2] * 1e6:8.1f}  "
-                  f"x{t[0] / t[2]:.3f}  (tuned vs default max|diff| {err:.3g}, repeat {diff:.3g})")
+            print(
+                f"{name:8s} M={m:5d}: {t[0] * 1e6:8.1f} {t[1] * 1e6:8.1f} {t[2] * 1e6:8.1f}  "
+                f"x{t[0] / t[2]:.3f}  (tuned vs default max|diff| {err:.3g}, repeat {diff:.3g})"
+            )
         del weights
     picks = tunable.get_results()
     print("TunableOp picks:", len(picks))

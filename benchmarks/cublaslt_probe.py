@@ -28,8 +28,15 @@ sys.path.insert(0, ".")
 from heron.models.blas import CANDIDATE_MARGIN, MAX_REL_ERR, linear_lt, time_on_gpu  # noqa: E402
 from heron.models.cublaslt import Candidate, CublasLt, table_key  # noqa: E402
 
-QWEN3_8B = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+QWEN3_8B = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
 SHAPE_NAMES = ("qkv", "o", "gate_up", "down", "lm_head")
 ROWS = (32, 64, 128, 192, 200, 256)
 CHUNK = 16  # calls timed behind one sleep kernel (a longer queue would outrun the sleep)
@@ -42,12 +49,18 @@ def shapes_of(config: dict) -> dict[str, tuple[int, int, int]]:
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config.get("num_key_value_heads", config["num_attention_heads"]) * d
     inter = config["intermediate_size"]
-    return {"qkv": (q + 2 * kv, h, layers), "o": (h, q, layers), "gate_up": (2 * inter, h, layers),
-            "down": (h, inter, layers), "lm_head": (config["vocab_size"], h, 1)}
+    return {
+        "qkv": (q + 2 * kv, h, layers),
+        "o": (h, q, layers),
+        "gate_up": (2 * inter, h, layers),
+        "down": (h, inter, layers),
+        "lm_head": (config["vocab_size"], h, 1),
+    }
 
 
-def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
-             ref: torch.Tensor) -> list[Candidate]:
+def _correct(
+    lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, ref: torch.Tensor
+) -> list[Candidate]:
     kept = []
     for cand in cands:
         try:
@@ -60,33 +73,52 @@ def _correct(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, w: torch.Ten
     return kept
 
 
-def _times(lt: CublasLt, cands: list[Candidate], x: torch.Tensor, weights: list[torch.Tensor],
-           y: torch.Tensor, chunk: int = CHUNK, rounds: int = 3) -> list[float]:
+def _times(
+    lt: CublasLt,
+    cands: list[Candidate],
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    y: torch.Tensor,
+    chunk: int = CHUNK,
+    rounds: int = 3,
+) -> list[float]:
     """Seconds per call of each candidate (over one weight copy), in chunks."""
     out = []
     for i in range(0, len(cands), chunk):
-        calls = [lambda a, w, c=c: lt.matmul(a, w, y, c) for c in cands[i:i + chunk]]
+        calls = [lambda a, w, c=c: lt.matmul(a, w, y, c) for c in cands[i : i + chunk]]
         out += [t / len(weights) for t in time_on_gpu(calls, weights, x, rounds)]
     return out
 
 
-def _finalists(lt: CublasLt, found: list[Candidate], x: torch.Tensor, weights: list[torch.Tensor],
-               y: torch.Tensor, ref: torch.Tensor) -> tuple[list[Candidate], list[float]]:
+def _finalists(
+    lt: CublasLt,
+    found: list[Candidate],
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    y: torch.Tensor,
+    ref: torch.Tensor,
+) -> tuple[list[Candidate], list[float]]:
     """The searched configurations' fastest few by a quick first pass, checked, then timed in full."""
-    quick = _times(lt, found, x, weights[:max(1, len(weights) // 2)], y, SCREEN_CHUNK, rounds=1)
-    best = _correct(lt, [found[i] for i in sorted(range(len(found)), key=quick.__getitem__)[:FINALISTS]],
-                    x, weights[0], y, ref)
+    quick = _times(lt, found, x, weights[: max(1, len(weights) // 2)], y, SCREEN_CHUNK, rounds=1)
+    best = _correct(
+        lt, [found[i] for i in sorted(range(len(found)), key=quick.__getitem__)[:FINALISTS]], x, weights[0], y, ref
+    )
     return best, _times(lt, best, x, weights, y)
 
 
-def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, all_algos: bool,
-         table_path: str | None) -> None:
+def main(
+    rows: tuple[int, ...], config: dict, names: list[str], search: bool, all_algos: bool, table_path: str | None
+) -> None:
     dev = torch.device("cuda")
     lt = CublasLt(dev)
     every_algo = lt.algo_ids(torch.bfloat16, torch.bfloat16)
     algo_ids = every_algo if all_algos else None
-    print(torch.cuda.get_device_name(), torch.__version__,
-          f"cuBLASLt {lt.version}, {len(every_algo)} algorithms for bf16", flush=True)
+    print(
+        torch.cuda.get_device_name(),
+        torch.__version__,
+        f"cuBLASLt {lt.version}, {len(every_algo)} algorithms for bf16",
+        flush=True,
+    )
     step = {m: [0.0, 0.0, 0.0, 0.0] for m in rows}  # cuBLAS, the better library, + heuristic candidates, + searched
     entries = []
     shapes = shapes_of(config)
@@ -99,15 +131,20 @@ def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, al
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             y = torch.empty(m, n, device=dev, dtype=out_dtype)
             ref = F.linear(x.float(), weights[0].float())
-            libs = ([lambda a, w: torch.mm(a, w.t(), out_dtype=torch.float32)] if name == "lm_head"
-                    else [F.linear, linear_lt])
+            libs = (
+                [lambda a, w: torch.mm(a, w.t(), out_dtype=torch.float32)]
+                if name == "lm_head"
+                else [F.linear, linear_lt]
+            )
             t_libs = [t / copies for t in time_on_gpu(libs, weights, x)]
             heur = _correct(lt, lt.candidates(m, n, k, torch.bfloat16, out_dtype), x, weights[0], y, ref)
             t_heur = _times(lt, heur, x, weights, y)
             best_h = min([*t_heur, float("inf")])
-            line = (f"{name:8s} M={m:4d}: cuBLAS {t_libs[0] * 1e6:7.1f}  " +
-                    (f"torch-Lt {t_libs[1] * 1e6:7.1f}  " if len(t_libs) > 1 else "") +
-                    f"heuristic best {best_h * 1e6:7.1f} of {len(heur)}")
+            line = (
+                f"{name:8s} M={m:4d}: cuBLAS {t_libs[0] * 1e6:7.1f}  "
+                + (f"torch-Lt {t_libs[1] * 1e6:7.1f}  " if len(t_libs) > 1 else "")
+                + f"heuristic best {best_h * 1e6:7.1f} of {len(heur)}"
+            )
             before = best_all = min(best_h, *t_libs)  # the best the engine had without a search
             if search:
                 start = time.perf_counter()
@@ -120,8 +157,14 @@ def main(rows: tuple[int, ...], config: dict, names: list[str], search: bool, al
                     line += f", best {t_s[i] * 1e6:7.1f} x{before / t_s[i]:.3f}: {config}"
                     best_all = min(best_all, t_s[i])
                     if t_s[i] < CANDIDATE_MARGIN * before:
-                        entries.append({"key": table_key(m, n, k, torch.bfloat16, out_dtype), "config": config,
-                                        "us": round(t_s[i] * 1e6, 2), "us_before": round(before * 1e6, 2)})
+                        entries.append(
+                            {
+                                "key": table_key(m, n, k, torch.bfloat16, out_dtype),
+                                "config": config,
+                                "us": round(t_s[i] * 1e6, 2),
+                                "us_before": round(before * 1e6, 2),
+                            }
+                        )
                         if table_path:  # after each problem: a run cut short keeps what it found
                             _write(table_path, lt, entries)
             print(line, flush=True)

@@ -38,10 +38,22 @@ def tiny_model(shape_dir: Path) -> str:
         if f.name != "config.json":
             shutil.copy(f, out)
     big = json.loads((shape_dir / "config.json").read_text())
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=big["vocab_size"], hidden_size=64,
-               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True,
-               bos_token_id=big["bos_token_id"], eos_token_id=big["eos_token_id"])
+    cfg = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=big["vocab_size"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=big["bos_token_id"],
+        eos_token_id=big["eos_token_id"],
+    )
     (out / "config.json").write_text(json.dumps(cfg))
     return str(out)
 
@@ -53,21 +65,27 @@ def timed(acc: dict[str, float], key: str, fn):
             return fn(*args)
         finally:
             acc[key] += time.perf_counter() - t
+
     return wrapper
 
 
 def run(model: str, served: bool) -> dict[str, float]:
     """ms per step of each part: served (DELTA, advance + to_wire + pickle, as engine_core._serve) or offline
     (FINAL_ONLY, step)."""
-    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, load_format="dummy"),
-                                    cache=CacheConfig(kv_cache_memory=1 << 30),
-                                    scheduler=SchedulerConfig(max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=32768)))
+    engine = LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model=model, load_format="dummy"),
+            cache=CacheConfig(kv_cache_memory=1 << 30),
+            scheduler=SchedulerConfig(max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=32768),
+        )
+    )
     rng = random.Random(0)
     kind = RequestOutputKind.DELTA if served else RequestOutputKind.FINAL_ONLY
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=kind)
     for i in range(NUM_REQUESTS):
-        engine.add_request(f"r{i}", " ".join(f"w{rng.randrange(1000, 100000)}" for _ in range(rng.randrange(50, 150))),
-                           params)
+        engine.add_request(
+            f"r{i}", " ".join(f"w{rng.randrange(1000, 100000)}" for _ in range(rng.randrange(50, 150))), params
+        )
     acc = dict.fromkeys(["read-back", "process", "outputs", "pickle"], 0.0)
     read_back = InflightStep.result
     InflightStep.result = timed(acc, "read-back", read_back)

@@ -1,8 +1,9 @@
 """The whole engine against Hugging Face transformers on the same random weights, on the GPU.
 
 fp32: greedy tokens must be equal for 32 tokens (both backends); bf16: the last-position logits of a
-prefill may be at most 1.5x as far from the fp32 logits as transformers' own bf16 logits are. Heron gets transformers' own tensors through a ModelSource, so both run the
-very same weights. Prints one line per check and exits non-zero on a failure.
+prefill may be at most 1.5x as far from the fp32 logits as transformers' own bf16 logits are. Heron gets
+transformers' own tensors through a ModelSource, so both run the very same weights.
+Prints one line per check and exits non-zero on a failure.
 
     python benchmarks/gpu_correctness.py SHAPES_DIR
 """
@@ -33,10 +34,12 @@ def hf_model(cfg: dict, dtype: torch.dtype, layers: int | None):
 
 
 def heron_on(model, cfg: dict, dtype: str, backend: str) -> LLM:
-    source = ModelSource(name="hf-random", hf_config=cfg, weights=lambda: iter(model.state_dict().items()),
-                         tokenizer=None)
-    return LLM(source, dtype=dtype, attention_backend=backend, max_model_len=2048, max_num_seqs=16,
-               kv_cache_memory=4 << 30)
+    source = ModelSource(
+        name="hf-random", hf_config=cfg, weights=lambda: iter(model.state_dict().items()), tokenizer=None
+    )
+    return LLM(
+        source, dtype=dtype, attention_backend=backend, max_model_len=2048, max_num_seqs=16, kv_cache_memory=4 << 30
+    )
 
 
 def free() -> None:
@@ -63,15 +66,22 @@ def main(shapes_dir: str) -> int:
         for p in prompts:
             ids = torch.tensor([p], device="cuda")
             out = model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)
-            ref.append(out[0, len(p):].tolist())
+            ref.append(out[0, len(p) :].tolist())
         for backend in ("torch", "triton"):
             llm = heron_on(model, hf_cfg, "float32", backend)
-            got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32,
-                                                                                      ignore_eos=True), use_tqdm=False)]
+            got = [
+                o.outputs[0].token_ids
+                for o in llm.generate(
+                    prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False
+                )
+            ]
             same = sum(a == b for a, b in zip(got, ref))
             first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 32) for a, b in zip(got, ref)]
-            ok &= check(f"{shape}{'' if layers is None else f' ({layers} layers)'} fp32 greedy 32 tokens [{backend}]",
-                        same == len(prompts), f"{same}/{len(prompts)} equal; first difference at {first_diff}")
+            ok &= check(
+                f"{shape}{'' if layers is None else f' ({layers} layers)'} fp32 greedy 32 tokens [{backend}]",
+                same == len(prompts),
+                f"{same}/{len(prompts)} equal; first difference at {first_diff}",
+            )
             llm = None
             free()
         with torch.no_grad():
@@ -89,9 +99,12 @@ def main(shapes_dir: str) -> int:
             hf_logits = model(torch.tensor([prompts[2]], device="cuda")).logits[0, -1].float()
         rel = lambda x: ((x - fp32_logits).norm() / fp32_logits.norm()).item()
         ours, theirs = rel(captured[0][0]), rel(hf_logits)
-        ok &= check(f"{shape} bf16 prefill logits", ours <= max(1.5 * theirs, 1e-2),
-                    f"relative error to fp32: Heron {ours:.2e}, transformers bf16 {theirs:.2e}; "
-                    f"Heron vs transformers {((captured[0][0] - hf_logits).norm() / hf_logits.norm()).item():.2e}")
+        ok &= check(
+            f"{shape} bf16 prefill logits",
+            ours <= max(1.5 * theirs, 1e-2),
+            f"relative error to fp32: Heron {ours:.2e}, transformers bf16 {theirs:.2e}; "
+            f"Heron vs transformers {((captured[0][0] - hf_logits).norm() / hf_logits.norm()).item():.2e}",
+        )
         llm = model = captured = runner_model = compute = None
         free()
     return 0 if ok else 1

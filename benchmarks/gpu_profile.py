@@ -28,6 +28,7 @@ def timed(table: dict, name: str, fn):
         torch.cuda.synchronize()
         table[name].append(time.perf_counter() - start)
         return out
+
     return wrapper
 
 
@@ -42,18 +43,24 @@ def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: floa
     engine.step = timed(table, "whole step", engine.step)
     g = torch.Generator().manual_seed(0)
     for i in range(batch):
-        engine.add_request(f"p{batch}-{i}", torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
-                           SamplingParams(temperature=temperature, max_tokens=steps + 1, ignore_eos=True))
+        engine.add_request(
+            f"p{batch}-{i}",
+            torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
+            SamplingParams(temperature=temperature, max_tokens=steps + 1, ignore_eos=True),
+        )
     while engine.has_unfinished():
         engine.step()
     engine.scheduler.schedule, runner._prepare, runner.sampler, engine._process, engine.step = originals
     whole = table["whole step"][-steps:]
-    print(f"batch {batch}, prompt {prompt_len}, temperature {temperature}: {len(runner.graphs)} graphs; "
-          f"median of the last {steps} steps (ms):")
+    print(
+        f"batch {batch}, prompt {prompt_len}, temperature {temperature}: {len(runner.graphs)} graphs; "
+        f"median of the last {steps} steps (ms):"
+    )
     for name, times in table.items():
         ts = sorted(times[-steps:])
         print(f"  {name:15s} {1000 * ts[len(ts) // 2]:8.3f}")
-    print(f"  forward+rest    {1000 * (sorted(whole)[len(whole) // 2] - sum(sorted(table[n][-steps:])[steps // 2] for n in table if n != 'whole step')):8.3f}")
+    parts = sum(sorted(table[n][-steps:])[steps // 2] for n in table if n != "whole step")
+    print(f"  forward+rest    {1000 * (sorted(whole)[len(whole) // 2] - parts):8.3f}")
 
 
 def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
@@ -61,9 +68,13 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
     engine = llm.engine
     g = torch.Generator().manual_seed(1)
     for i in range(batch):
-        engine.add_request(f"k{i}", torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
-                           SamplingParams(temperature=0.6, max_tokens=steps + 8, ignore_eos=True,
-                                          output_kind=RequestOutputKind.FINAL_ONLY))
+        engine.add_request(
+            f"k{i}",
+            torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
+            SamplingParams(
+                temperature=0.6, max_tokens=steps + 8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+            ),
+        )
     while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     for _ in range(3):
@@ -91,14 +102,17 @@ def _print_kernels(prof, label: str, wall: float, steps: int) -> None:
 
 def gap_table(prof, steps: int, rows: int = 12) -> None:
     """Where the GPU idles between kernels: the idle time before each kernel, summed by (previous, next) kernel."""
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
     gaps: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for prev, nxt in zip(kernels, kernels[1:]):
         gaps[(prev.name[:40], nxt.name[:40])].append(max(0.0, nxt.time_range.start - prev.time_range.end))
     total = sum(sum(v) for v in gaps.values())
-    print(f"idle between kernels: {total / 1e3 / steps:.3f} ms/step over {len(kernels) / steps:.0f} kernels/step; "
-          f"largest by (previous -> next):")
+    print(
+        f"idle between kernels: {total / 1e3 / steps:.3f} ms/step over {len(kernels) / steps:.0f} kernels/step; "
+        f"largest by (previous -> next):"
+    )
     for (a, b), v in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:rows]:
         print(f"  {sum(v) / 1e3 / steps:7.3f} ms/step {len(v) / steps:6.1f}x {sum(v) / len(v):7.2f} us  {a} -> {b}")
 
@@ -108,11 +122,15 @@ def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
     engine = llm.engine
     g = torch.Generator().manual_seed(2)
     for i in range(num_prompts):
-        engine.add_request(f"f{prompt_len}-{i}", torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
-                           SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY))
+        engine.add_request(
+            f"f{prompt_len}-{i}",
+            torch.randint(0, 10000, (prompt_len,), generator=g).tolist(),
+            SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY),
+        )
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         start = time.perf_counter()
         engine.step()
         launched = time.perf_counter() - start
@@ -121,8 +139,10 @@ def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
     events = prof.key_averages()
     gpu = sum(e.device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
     kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"prefill step, {num_prompts} x {prompt_len} tokens: wall {1000 * wall:.2f} ms (host returned after "
-          f"{1000 * launched:.2f} ms, under the profiler), GPU kernels {gpu:.2f} ms, {kernels} kernel launches")
+    print(
+        f"prefill step, {num_prompts} x {prompt_len} tokens: wall {1000 * wall:.2f} ms (host returned after "
+        f"{1000 * launched:.2f} ms, under the profiler), GPU kernels {gpu:.2f} ms, {kernels} kernel launches"
+    )
     print(events.table(sort_by="device_time_total", row_limit=12))
     while engine.has_unfinished():
         engine.step()
@@ -146,16 +166,24 @@ def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: 
 
     engine.scheduler.schedule = recording
     for i, r in enumerate(random_token_requests()):
-        engine.add_request(f"t{i}", r.prompt_token_ids, SamplingParams(temperature=0.6, max_tokens=r.output_len,
-                           ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY))
+        engine.add_request(
+            f"t{i}",
+            r.prompt_token_ids,
+            SamplingParams(
+                temperature=0.6, max_tokens=r.output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+            ),
+        )
     torch.cuda.synchronize()
     times, start = [], time.perf_counter()
     pending, prof, left = sorted(profile_at, reverse=True), None, 0
     while engine.has_unfinished():
         if prof is None and pending and shapes and shapes[-1][0] == shapes[-1][1] and shapes[-1][0] <= pending[0]:
             pending.pop(0)
-            prof, left, first = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]), \
-                profile_steps, len(times)
+            prof, left, first = (
+                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]),
+                profile_steps,
+                len(times),
+            )
             prof.start()
         engine.step()
         now = time.perf_counter()
@@ -164,8 +192,12 @@ def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: 
         if prof is not None and left == 0:
             torch.cuda.synchronize()
             prof.stop()
-            _print_kernels(prof, f"decode steps from batch {shapes[first][0]} (context ~{_mean_context(engine):.0f})",
-                           sum(times[first:]), profile_steps)
+            _print_kernels(
+                prof,
+                f"decode steps from batch {shapes[first][0]} (context ~{_mean_context(engine):.0f})",
+                sum(times[first:]),
+                profile_steps,
+            )
             prof = None
         start = time.perf_counter()
     engine.scheduler.schedule = schedule
@@ -175,12 +207,16 @@ def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: 
         key = f"{kind} {min(256, 1 << (seqs - 1).bit_length()) if kind == 'decode' else tokens // 1024 * 1024:>5}"
         buckets[key].append(t)
     total = sum(times)
-    print(f"offline workload: {len(times)} steps, {total:.2f} s; by kind (decode: batch size up to; prefill/mixed: "
-          f"tokens from):")
+    print(
+        f"offline workload: {len(times)} steps, {total:.2f} s; by kind (decode: batch size up to; prefill/mixed: "
+        f"tokens from):"
+    )
     for key in sorted(buckets):
         ts = buckets[key]
-        print(f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
-              f"{1000 * sum(ts) / len(ts):8.2f} ms/step")
+        print(
+            f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
+            f"{1000 * sum(ts) / len(ts):8.2f} ms/step"
+        )
 
 
 def _mean_context(engine) -> float:

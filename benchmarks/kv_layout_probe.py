@@ -20,8 +20,20 @@ from heron.kernels.bench import _batch, _fi_pages, _time_graph  # noqa: E402
 
 
 @triton.jit
-def _read_kv(cache_ptr, tables_ptr, lens_ptr, out_ptr, max_blocks, stride_kv, stride_blk, stride_tok, stride_head,
-             BLOCK: tl.constexpr, D: tl.constexpr, TILE_BLOCKS: tl.constexpr):
+def _read_kv(
+    cache_ptr,
+    tables_ptr,
+    lens_ptr,
+    out_ptr,
+    max_blocks,
+    stride_kv,
+    stride_blk,
+    stride_tok,
+    stride_head,
+    BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    TILE_BLOCKS: tl.constexpr,
+):
     """Sums the K and V rows of (sequence, KV head), TILE_BLOCKS cache blocks per iteration (as the decode
     kernel's key tiles)."""
     seq, head = tl.program_id(0), tl.program_id(1)
@@ -54,12 +66,29 @@ def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128
         s = cache.stride()
         tok, head = (s[2], s[3]) if name == "NHD" else (s[3], s[2])
         for tile in (2, 4, 8):
+
             def call(cache=cache, tok=tok, head=head, tile=tile):
-                _read_kv[(batch, hkv)](cache, tables, lens, out, tables.shape[1], s[0], s[1], tok, head,
-                                       BLOCK=block, D=d, TILE_BLOCKS=tile, num_warps=4)
+                _read_kv[(batch, hkv)](
+                    cache,
+                    tables,
+                    lens,
+                    out,
+                    tables.shape[1],
+                    s[0],
+                    s[1],
+                    tok,
+                    head,
+                    BLOCK=block,
+                    D=d,
+                    TILE_BLOCKS=tile,
+                    num_warps=4,
+                )
+
             t = _time_graph(call, iters=20)
-            print(f"  read-only kernel, {name}, {tile * block} tokens a tile: {t * 1e6:7.1f} us, "
-                  f"{kv_bytes / t / 1e12:.2f} TB/s")
+            print(
+                f"  read-only kernel, {name}, {tile * block} tokens a tile: {t * 1e6:7.1f} us, "
+                f"{kv_bytes / t / 1e12:.2f} TB/s"
+            )
     try:
         import flashinfer as fi
     except ImportError:
@@ -71,10 +100,14 @@ def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128
     outs = {}
     for layout, cache in (("NHD", nhd), ("HND", hnd)):
         w = fi.BatchDecodeWithPagedKVCacheWrapper(  # as the backend runs it: a graph-mode wrapper
-            workspace, layout, use_cuda_graph=True, use_tensor_cores=True,
+            workspace,
+            layout,
+            use_cuda_graph=True,
+            use_tensor_cores=True,
             paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device=dev),
             paged_kv_indices_buffer=torch.empty_like(indices),
-            paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device=dev))
+            paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device=dev),
+        )
         w.plan(indptr, indices, last, hq, hkv, d, block, q_data_type=q.dtype, kv_data_type=cache.dtype)
         o = outs[layout] = torch.empty_like(q)
         t = _time_graph(lambda w=w, cache=cache, o=o: w.run(q, (cache[0], cache[1]), out=o), iters=20)

@@ -10,8 +10,13 @@ import torch
 if TYPE_CHECKING:
     from heron.models.loader import ModelSource
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "float16": torch.float16, "half": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
 
 
 def resolve_device(device: str) -> torch.device:

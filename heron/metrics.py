@@ -19,8 +19,29 @@ from heron.outputs import RequestMetrics
 
 logger = logging.getLogger(__name__)
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
 _FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -39,19 +60,33 @@ class _EngineCollector(Collector):
             return f
 
         yield family(GaugeMetricFamily, "heron:num_requests_running", "Sequences running now.", s.num_running)
-        yield family(GaugeMetricFamily, "heron:num_requests_waiting", "Sequences waiting or swapped out.",
-                     s.num_waiting)
-        yield family(GaugeMetricFamily, "heron:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
-                     s.kv_cache_usage)
+        yield family(
+            GaugeMetricFamily, "heron:num_requests_waiting", "Sequences waiting or swapped out.", s.num_waiting
+        )
+        yield family(
+            GaugeMetricFamily,
+            "heron:kv_cache_usage_perc",
+            "Fraction of KV-cache blocks in use (0-1).",
+            s.kv_cache_usage,
+        )
         yield family(CounterMetricFamily, "heron:prompt_tokens", "Prompt tokens received.", s.prompt_tokens)
         yield family(CounterMetricFamily, "heron:generation_tokens", "Tokens generated.", s.generation_tokens)
         yield family(CounterMetricFamily, "heron:num_preemptions", "Sequences preempted.", s.num_preemptions)
-        yield family(CounterMetricFamily, "heron:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                     s.prefix_cache_queries)
-        yield family(CounterMetricFamily, "heron:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                     s.prefix_cache_hits)
-        success = CounterMetricFamily("heron:request_success", "Requests finished, by finish reason.",
-                                      labels=["model_name", "finished_reason"])
+        yield family(
+            CounterMetricFamily,
+            "heron:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries,
+        )
+        yield family(
+            CounterMetricFamily,
+            "heron:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            s.prefix_cache_hits,
+        )
+        success = CounterMetricFamily(
+            "heron:request_success", "Requests finished, by finish reason.", labels=["model_name", "finished_reason"]
+        )
         finished = dict(s.finished)  # a copy: the engine thread may add a reason meanwhile
         for reason in sorted(set(_FINISH_REASONS) | set(finished)):
             success.add_metric([self.model_name, reason], finished.get(reason, 0))
@@ -105,6 +140,13 @@ class StatLogger:
         prompt, gen, queries, hits = (c - p for c, p in zip(cur[1:], last[1:]))
         if not (prompt or gen or s.num_running or s.num_waiting):
             return
-        logger.info("Avg prompt throughput: %.1f tokens/s, avg generation throughput: %.1f tokens/s, running: %d, "
-                    "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%", prompt / dt, gen / dt,
-                    s.num_running, s.num_waiting, 100 * s.kv_cache_usage, 100 * hits / queries if queries else 0.0)
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, avg generation throughput: %.1f tokens/s, running: %d, "
+            "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%",
+            prompt / dt,
+            gen / dt,
+            s.num_running,
+            s.num_waiting,
+            100 * s.kv_cache_usage,
+            100 * hits / queries if queries else 0.0,
+        )

@@ -10,8 +10,15 @@ import torch
 
 from heron.models.loader import embedded_model_path
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +34,17 @@ def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
 
     common = dict(TINY, vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False)
     if arch == "llama":
-        return LlamaConfig(**common, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
-                                                      "factor": 8.0, "low_freq_factor": 1.0,
-                                                      "high_freq_factor": 4.0,
-                                                      "original_max_position_embeddings": 64})
+        return LlamaConfig(
+            **common,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     if arch == "qwen2":
         return Qwen2Config(**common)
     return Qwen3Config(**common, head_dim=32)

@@ -13,8 +13,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_whole_tree_collects_without_test_folders_on_sys_path():
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-           "--import-mode=importlib", str(REPO / "tests")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        str(REPO / "tests"),
+    ]
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "error" not in run.stdout.strip().splitlines()[-1]

@@ -19,15 +19,21 @@ BENCHMARKS = {
 
 
 def register(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmark Heron against transformers and the hardware",
-                                  description="Benchmarks; each prints a table and, with --save-result, "
-                                              "records benchmarks/results/<name>.json.")
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark Heron against transformers and the hardware",
+        description="Benchmarks; each prints a table and, with --save-result, records benchmarks/results/<name>.json.",
+    )
     sub = bench.add_subparsers(dest="benchmark", metavar="{" + ",".join(BENCHMARKS) + "}")
     for name, module_name in BENCHMARKS.items():
         module = importlib.import_module(module_name)
         doc = (module.__doc__ or "").strip()
-        parser = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser = sub.add_parser(
+            name,
+            help=doc.splitlines()[0] if doc else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_cli_args(parser)
         parser.set_defaults(func=module.main)
     bench.set_defaults(func=lambda args: bench.print_help() or 0)
@@ -35,15 +41,15 @@ def register(subparsers) -> None:
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The model and the engine flags `heron serve` takes (heron/entrypoints/engine_args.py)."""
-    parser.add_argument("--model", default=None,
-                        help="HF folder, hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model", default=None, help="HF folder, hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+    )
     engine_args.add_engine_args(parser)
 
 
 def add_result_args(parser: argparse.ArgumentParser, default_name: str) -> None:
     g = parser.add_argument_group("result")
-    g.add_argument("--save-result", action="store_true",
-                   help="write the result to <results-dir>/<result-name>.json")
+    g.add_argument("--save-result", action="store_true", help="write the result to <results-dir>/<result-name>.json")
     g.add_argument("--result-name", default=None, help=f"default: {default_name}")
     g.add_argument("--results-dir", default=RESULTS_DIR)
 

@@ -19,9 +19,13 @@ class BenchRequest:
     output_len: int  # exact: the request runs with ignore_eos and max_tokens = output_len
 
 
-def random_token_requests(num_prompts: int = 256, input_len: tuple[int, int] = (100, 1024),
-                          output_len: tuple[int, int] = (100, 1024), seed: int = 0,
-                          max_token_id: int = 10000) -> list[BenchRequest]:
+def random_token_requests(
+    num_prompts: int = 256,
+    input_len: tuple[int, int] = (100, 1024),
+    output_len: tuple[int, int] = (100, 1024),
+    seed: int = 0,
+    max_token_id: int = 10000,
+) -> list[BenchRequest]:
     """Random token-id prompts with fixed output lengths. The draw order is part of the definition
     (it reproduces the anchors' figures): every prompt (length, then ids), then every output length."""
     for name, (lo, hi) in (("input_len", input_len), ("output_len", output_len)):

@@ -57,8 +57,10 @@ def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device, l
     hf.tie_weights()
     missing = [n for n in missing if not (n == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ValueError(f"{source.name} does not fit transformers' {type(hf).__name__}: missing "
-                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"{source.name} does not fit transformers' {type(hf).__name__}: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}"
+        )
     hf.to(device)
     return hf.eval()
 
@@ -69,8 +71,9 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                   stopping_criteria: list | None = None) -> torch.Tensor:
+def generate_batch(
+    hf, prompts: list[list[int]], max_new_tokens: int, temperature: float, stopping_criteria: list | None = None
+) -> torch.Tensor:
     """One static batch, left-padded; returns the generated ids [B, max_new_tokens]."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -79,15 +82,25 @@ def generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, temperatur
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     # Sampling as Heron's SamplingParams(temperature) does it: no top-k, no top-p, no EOS.
-    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                              do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                              top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
-                              eos_token_id=None, pad_token_id=0)
-    out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                      stopping_criteria=StoppingCriteriaList(stopping_criteria or []))
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_k=0 if temperature > 0 else None,
+        top_p=1.0 if temperature > 0 else None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    out = hf.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        generation_config=config,
+        stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+    )
     return out[:, width:]
 
 
@@ -100,7 +113,7 @@ def run_hf(hf, requests: list[BenchRequest], batch_size: int, temperature: float
     order = sorted(requests, key=lambda r: (r.output_len, len(r.prompt_token_ids)), reverse=True)
     seconds, generated = 0.0, 0
     for i in range(0, len(order), batch_size):
-        batch = order[i:i + batch_size]
+        batch = order[i : i + batch_size]
         max_new = max(r.output_len for r in batch)
         start = time.perf_counter()
         out = generate_batch(hf, [r.prompt_token_ids for r in batch], max_new, temperature)
@@ -140,8 +153,11 @@ def run_hf_latency(hf, prompt: list[int], output_len: int, temperature: float, i
         end = time.perf_counter()
         if len(clock.stamps) != output_len:
             raise RuntimeError(f"transformers stamped {len(clock.stamps)} tokens, {output_len} were asked.")
-        return {"hf_decode_ms_per_token": (clock.stamps[-1] - clock.stamps[0]) / (output_len - 1) * 1e3,
-                "hf_output_tokens_per_s": output_len / (end - start), "hf_ttft_ms": (clock.stamps[0] - start) * 1e3}
+        return {
+            "hf_decode_ms_per_token": (clock.stamps[-1] - clock.stamps[0]) / (output_len - 1) * 1e3,
+            "hf_output_tokens_per_s": output_len / (end - start),
+            "hf_ttft_ms": (clock.stamps[0] - start) * 1e3,
+        }
 
     timed()  # warm-up
     runs = sorted((timed() for _ in range(iters)), key=lambda r: r["hf_decode_ms_per_token"])

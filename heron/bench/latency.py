@@ -27,8 +27,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     parser.set_defaults(max_num_seqs=None)  # --batch-size: 8 with --prefill, else the engine's default
     w = parser.add_argument_group("workload")
-    w.add_argument("--prefill", action="store_true",
-                   help="time a batch of --batch-size prompts with one output token each, and its mfu")
+    w.add_argument(
+        "--prefill",
+        action="store_true",
+        help="time a batch of --batch-size prompts with one output token each, and its mfu",
+    )
     w.add_argument("--input-len", type=int, default=None, help="prompt tokens (default: 128; with --prefill 2048)")
     w.add_argument("--output-len", type=int, default=None, help="output tokens (default: 256; not with --prefill)")
     w.add_argument("--num-iters", type=int, default=3)
@@ -48,8 +51,10 @@ def fill_workload_defaults(args: argparse.Namespace) -> None:
     """The flags left out take the mode's defaults: the prefill batch of issue 4 (8 x 2048) with
     --prefill, else one request of 128 + 256 tokens on the engine's default --max-num-seqs."""
     if args.prefill and (args.output_len is not None or args.hf_baseline):
-        raise ValueError("--prefill asks for one output token and has no transformers baseline: leave out "
-                         "--output-len and --hf-baseline.")
+        raise ValueError(
+            "--prefill asks for one output token and has no transformers baseline: leave out "
+            "--output-len and --hf-baseline."
+        )
     if args.num_iters < 1:
         raise ValueError(f"--num-iters must be at least 1, got {args.num_iters}.")
     if args.max_num_seqs is None:
@@ -74,8 +79,12 @@ def run(args: argparse.Namespace) -> dict:
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    prompts = [r.prompt_token_ids for r in random_token_requests(
-        args.num_iters + 1, (args.input_len, args.input_len), (1, 1), args.seed, args.max_token_id)]
+    prompts = [
+        r.prompt_token_ids
+        for r in random_token_requests(
+            args.num_iters + 1, (args.input_len, args.input_len), (1, 1), args.seed, args.max_token_id
+        )
+    ]
     llm = make_llm(args)
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len)
     runs = []
@@ -86,26 +95,54 @@ def run(args: argparse.Namespace) -> dict:
         m = out.metrics
         assert len(out.outputs[0].token_ids) == args.output_len
         if i:
-            runs.append({"decode_ms_per_token": (m.last_token_time - m.first_token_time) / (args.output_len - 1) * 1e3,
-                         "ttft_ms": (m.first_token_time - m.arrival_time) * 1e3,
-                         "output_tokens_per_s": args.output_len / total})
+            runs.append(
+                {
+                    "decode_ms_per_token": (m.last_token_time - m.first_token_time) / (args.output_len - 1) * 1e3,
+                    "ttft_ms": (m.first_token_time - m.arrival_time) * 1e3,
+                    "output_tokens_per_s": args.output_len / total,
+                }
+            )
     median = sorted(runs, key=lambda r: r["decode_ms_per_token"])[len(runs) // 2]
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
     name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}latency-{model_slug(llm)}-bs1"
     del llm
 
-    metrics = {**median, "decode_tokens_per_s": 1e3 / median["decode_ms_per_token"],
-               "decode_ms_per_token_all": [r["decode_ms_per_token"] for r in runs],
-               "prompt_tokens": args.input_len, "output_tokens": args.output_len,
-               "dtype": str(dtype).removeprefix("torch."), "weight_bytes": cost.decode_weight_bytes}
-    rows = [("Heron", median["decode_ms_per_token"], metrics["decode_tokens_per_s"], median["ttft_ms"],
-             median["output_tokens_per_s"], None)]
+    metrics = {
+        **median,
+        "decode_tokens_per_s": 1e3 / median["decode_ms_per_token"],
+        "decode_ms_per_token_all": [r["decode_ms_per_token"] for r in runs],
+        "prompt_tokens": args.input_len,
+        "output_tokens": args.output_len,
+        "dtype": str(dtype).removeprefix("torch."),
+        "weight_bytes": cost.decode_weight_bytes,
+    }
+    rows = [
+        (
+            "Heron",
+            median["decode_ms_per_token"],
+            metrics["decode_tokens_per_s"],
+            median["ttft_ms"],
+            median["output_tokens_per_s"],
+            None,
+        )
+    ]
     if bandwidth is not None:
         roof_ms = cost.decode_weight_bytes / bandwidth * 1e3
-        metrics.update(copy_bandwidth_GBps=bandwidth / 1e9, roofline_ms_per_token=roof_ms,
-                       roofline_fraction=roof_ms / median["decode_ms_per_token"])
-        rows.append((f"roofline ({cost.decode_weight_bytes / 1e9:.2f} GB of weights at {bandwidth / 1e9:,.0f} GB/s)",
-                     roof_ms, 1e3 / roof_ms, None, None, metrics["roofline_fraction"]))
+        metrics.update(
+            copy_bandwidth_GBps=bandwidth / 1e9,
+            roofline_ms_per_token=roof_ms,
+            roofline_fraction=roof_ms / median["decode_ms_per_token"],
+        )
+        rows.append(
+            (
+                f"roofline ({cost.decode_weight_bytes / 1e9:.2f} GB of weights at {bandwidth / 1e9:,.0f} GB/s)",
+                roof_ms,
+                1e3 / roof_ms,
+                None,
+                None,
+                metrics["roofline_fraction"],
+            )
+        )
     if args.hf_baseline:
         from heron.bench.hf_baseline import load_hf_model, run_hf_latency
 
@@ -113,11 +150,21 @@ def run(args: argparse.Namespace) -> dict:
         hf_metrics = run_hf_latency(hf, prompts[1], args.output_len, args.temperature, args.num_iters)
         del hf
         metrics.update(hf_metrics, ratio_vs_hf=hf_metrics["hf_decode_ms_per_token"] / median["decode_ms_per_token"])
-        rows.append(("transformers generate", hf_metrics["hf_decode_ms_per_token"],
-                     1e3 / hf_metrics["hf_decode_ms_per_token"], hf_metrics["hf_ttft_ms"],
-                     hf_metrics["hf_output_tokens_per_s"], metrics["ratio_vs_hf"]))
-    table = format_table(rows, ("run", "decode ms/token", "decode tokens/s", "TTFT ms", "output tokens/s",
-                                "Heron speed / this"))
-    header = (f"{name}: 1 request, {args.input_len} prompt + {args.output_len} output tokens, {device}, "
-              f"{metrics['dtype']}, median of {len(runs)}")
+        rows.append(
+            (
+                "transformers generate",
+                hf_metrics["hf_decode_ms_per_token"],
+                1e3 / hf_metrics["hf_decode_ms_per_token"],
+                hf_metrics["hf_ttft_ms"],
+                hf_metrics["hf_output_tokens_per_s"],
+                metrics["ratio_vs_hf"],
+            )
+        )
+    table = format_table(
+        rows, ("run", "decode ms/token", "decode tokens/s", "TTFT ms", "output tokens/s", "Heron speed / this")
+    )
+    header = (
+        f"{name}: 1 request, {args.input_len} prompt + {args.output_len} output tokens, {device}, "
+        f"{metrics['dtype']}, median of {len(runs)}"
+    )
     return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)

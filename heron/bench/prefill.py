@@ -57,9 +57,10 @@ def run(args: argparse.Namespace) -> dict:
     flop_rate = matmul_rate(device, dtype)  # before the engine holds the device's memory
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    requests = random_token_requests((args.num_iters + 1) * batch, (input_len, input_len), (1, 1), args.seed,
-                                     args.max_token_id)
-    batches = [[r.prompt_token_ids for r in requests[i:i + batch]] for i in range(0, len(requests), batch)]
+    requests = random_token_requests(
+        (args.num_iters + 1) * batch, (input_len, input_len), (1, 1), args.seed, args.max_token_id
+    )
+    batches = [[r.prompt_token_ids for r in requests[i : i + batch]] for i in range(0, len(requests), batch)]
     llm = make_llm(args)
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=1)
     tokens = batch * input_len
@@ -72,8 +73,10 @@ def run(args: argparse.Namespace) -> dict:
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
         if sum(steps) != tokens or any(len(o.outputs[0].token_ids) != 1 for o in outs):
-            raise RuntimeError(f"The engine computed {sum(steps)} prompt tokens in {len(steps)} steps, the batch "
-                               f"has {tokens}, each with one output token (prefix-cache hits?).")
+            raise RuntimeError(
+                f"The engine computed {sum(steps)} prompt tokens in {len(steps)} steps, the batch "
+                f"has {tokens}, each with one output token (prefix-cache hits?)."
+            )
         if i:
             runs.append((seconds, steps))
     seconds, steps = sorted(runs)[len(runs) // 2]
@@ -84,20 +87,42 @@ def run(args: argparse.Namespace) -> dict:
 
     matmul, attention = prefill_flops(cost, [input_len] * batch)
     dtype_name = str(dtype).removeprefix("torch.")
-    metrics = {"prefill_tokens_per_s": tokens / seconds, "elapsed_s": seconds,
-               "elapsed_s_all": [s for s, _ in runs], "mfu": matmul / seconds / flop_rate,
-               "batch_size": batch, "input_len": input_len, "prompt_tokens": tokens,
-               "num_steps": len(steps), "step_tokens": steps, "max_num_batched_tokens": budget,
-               "dtype": dtype_name, "matmul_flops": matmul, "attention_flops": attention,
-               "achieved_TFLOPs": matmul / seconds / 1e12, "matmul_TFLOPs": flop_rate / 1e12}
+    metrics = {
+        "prefill_tokens_per_s": tokens / seconds,
+        "elapsed_s": seconds,
+        "elapsed_s_all": [s for s, _ in runs],
+        "mfu": matmul / seconds / flop_rate,
+        "batch_size": batch,
+        "input_len": input_len,
+        "prompt_tokens": tokens,
+        "num_steps": len(steps),
+        "step_tokens": steps,
+        "max_num_batched_tokens": budget,
+        "dtype": dtype_name,
+        "matmul_flops": matmul,
+        "attention_flops": attention,
+        "achieved_TFLOPs": matmul / seconds / 1e12,
+        "matmul_TFLOPs": flop_rate / 1e12,
+    }
     limit_s = matmul / flop_rate
-    rows = [(f"Heron, {len(steps)} steps", tokens, seconds * 1e3, tokens / seconds, metrics["achieved_TFLOPs"], None),
-            (f"matmul rate ({dtype_name}, measured)", tokens, limit_s * 1e3, tokens / limit_s,
-             metrics["matmul_TFLOPs"], metrics["mfu"])]
-    table = format_table(rows, ("run", "prompt tokens", "ms", "prefill tokens/s", "matmul TFLOP/s",
-                                "Heron speed / this (mfu)"))
-    header = (f"{name}: {batch} prompts of {input_len} tokens, 1 output token each, {device}, {dtype_name}, "
-              f"median of {len(runs)}\nsteps (at most {budget:,} tokens each): {' + '.join(f'{n:,}' for n in steps)}"
-              f" tokens; attention {attention / 1e12:,.3g} TFLOP besides the matmuls' {matmul / 1e12:,.3g},"
-              f" not in mfu")
+    rows = [
+        (f"Heron, {len(steps)} steps", tokens, seconds * 1e3, tokens / seconds, metrics["achieved_TFLOPs"], None),
+        (
+            f"matmul rate ({dtype_name}, measured)",
+            tokens,
+            limit_s * 1e3,
+            tokens / limit_s,
+            metrics["matmul_TFLOPs"],
+            metrics["mfu"],
+        ),
+    ]
+    table = format_table(
+        rows, ("run", "prompt tokens", "ms", "prefill tokens/s", "matmul TFLOP/s", "Heron speed / this (mfu)")
+    )
+    header = (
+        f"{name}: {batch} prompts of {input_len} tokens, 1 output token each, {device}, {dtype_name}, "
+        f"median of {len(runs)}\nsteps (at most {budget:,} tokens each): {' + '.join(f'{n:,}' for n in steps)}"
+        f" tokens; attention {attention / 1e12:,.3g} TFLOP besides the matmuls' {matmul / 1e12:,.3g},"
+        f" not in mfu"
+    )
     return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)

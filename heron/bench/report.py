@@ -34,8 +34,9 @@ def git_commit() -> str:
         return os.environ["HERON_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out or "unknown"
@@ -90,8 +91,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def finish(name: str, metrics: dict, device: torch.device | str, table: str, save: bool,
-           results_dir: str | os.PathLike = RESULTS_DIR) -> dict:
+def finish(
+    name: str,
+    metrics: dict,
+    device: torch.device | str,
+    table: str,
+    save: bool,
+    results_dir: str | os.PathLike = RESULTS_DIR,
+) -> dict:
     """Print the table, and record the result when asked; returns the result dict."""
     result = make_result(name, metrics, device)
     print(table)

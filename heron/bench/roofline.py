@@ -74,10 +74,13 @@ class ModelCost:
         weight_bytes = sum(p.numel() * p.element_size() for p in params.values() if tied or p is not embed)
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
-        return cls(layer_params=cfg.num_layers * per_layer, lm_head_params=cfg.vocab_size * cfg.hidden_size,
-                   decode_weight_bytes=weight_bytes,
-                   kv_bytes_per_token=2 * cfg.num_layers * kv * dtype.itemsize,
-                   attn_flops_per_pair=4 * cfg.num_layers * q)
+        return cls(
+            layer_params=cfg.num_layers * per_layer,
+            lm_head_params=cfg.vocab_size * cfg.hidden_size,
+            decode_weight_bytes=weight_bytes,
+            kv_bytes_per_token=2 * cfg.num_layers * kv * dtype.itemsize,
+            attn_flops_per_pair=4 * cfg.num_layers * q,
+        )
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,9 @@ class WorkloadBound:
     flops: float
 
 
-def workload_bound(cost: ModelCost, lengths: list[tuple[int, int]], batch_size: int, bandwidth: float,
-                   flop_rate: float) -> WorkloadBound:
+def workload_bound(
+    cost: ModelCost, lengths: list[tuple[int, int]], batch_size: int, bandwidth: float, flop_rate: float
+) -> WorkloadBound:
     """Lower bound on the time to serve requests of (prompt, output) lengths at most `batch_size` at once."""
     total_out = sum(o for _, o in lengths)
     steps = max(max(o for _, o in lengths), -(-total_out // batch_size))

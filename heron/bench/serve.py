@@ -34,6 +34,7 @@ DATASETS = ("random", "sharegpt", "jsonl")
 
 # -- the workload: text prompts with their output lengths ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TextRequest:
     prompt: str
@@ -41,8 +42,9 @@ class TextRequest:
     output_len: int  # max_tokens; the exact output length with --ignore-eos
 
 
-def random_requests(tokenizer, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                    seed: int) -> list[TextRequest]:
+def random_requests(
+    tokenizer, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int
+) -> list[TextRequest]:
     """The offline benchmarks' random token prompts (datasets.random_token_requests, same draws), decoded to
     text that the server re-tokenizes to the drawn length, give or take a token where BPE merges across
     the pieces. Ids the tokenizer treats as special are dropped and replaced."""
@@ -108,8 +110,10 @@ def jsonl_requests(path: str, tokenizer, num_prompts: int) -> list[TextRequest]:
             row = json.loads(line)
             prompt, output_len = row.get("prompt"), row.get("output_len")
             if not isinstance(prompt, str) or not isinstance(output_len, int) or output_len < 1:
-                raise ValueError(f"{path}:{lineno}: each line needs a string 'prompt' and a positive int "
-                                 f"'output_len', got {line.strip()[:200]!r}.")
+                raise ValueError(
+                    f"{path}:{lineno}: each line needs a string 'prompt' and a positive int "
+                    f"'output_len', got {line.strip()[:200]!r}."
+                )
             prompt_len = len(tokenizer.encode(prompt, add_special_tokens=False)) if tokenizer else None
             out.append(TextRequest(prompt, prompt_len, output_len))
     return out
@@ -119,11 +123,18 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[TextRequest]:
     if args.dataset_name in ("sharegpt", "jsonl") and not args.dataset_path:
         raise ValueError(f"--dataset-name {args.dataset_name} needs --dataset-path.")
     if args.dataset_name in ("random", "sharegpt") and tokenizer is None:
-        raise ValueError(f"--dataset-name {args.dataset_name} needs the model's tokenizer: pass --tokenizer "
-                         f"(a Hugging Face folder or hub id, or a .gguf file).")
+        raise ValueError(
+            f"--dataset-name {args.dataset_name} needs the model's tokenizer: pass --tokenizer "
+            f"(a Hugging Face folder or hub id, or a .gguf file)."
+        )
     if args.dataset_name == "random":
-        return random_requests(tokenizer, args.num_prompts, _length_range(args.random_input_len, args),
-                               _length_range(args.random_output_len, args), args.seed)
+        return random_requests(
+            tokenizer,
+            args.num_prompts,
+            _length_range(args.random_input_len, args),
+            _length_range(args.random_output_len, args),
+            args.seed,
+        )
     if args.dataset_name == "sharegpt":
         requests = sharegpt_requests(args.dataset_path, tokenizer, args.num_prompts, args.seed)
     else:
@@ -131,8 +142,10 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[TextRequest]:
     if not requests:
         raise ValueError(f"{args.dataset_path} holds no usable request.")
     if len(requests) < args.num_prompts:
-        print(f"warning: {args.dataset_path} gave {len(requests)} requests, fewer than --num-prompts "
-              f"{args.num_prompts}", file=sys.stderr)
+        print(
+            f"warning: {args.dataset_path} gave {len(requests)} requests, fewer than --num-prompts {args.num_prompts}",
+            file=sys.stderr,
+        )
     return requests
 
 
@@ -161,18 +174,23 @@ def load_tokenizer(tokenizer: str | None, model: str):
     try:
         name = tokenizer or (embedded_model_path() if model == EMBEDDED_NAME else model)
         if name.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(name)),
-                                                 gguf_file=os.path.basename(name))
+            return AutoTokenizer.from_pretrained(
+                os.path.dirname(os.path.abspath(name)), gguf_file=os.path.basename(name)
+            )
         return AutoTokenizer.from_pretrained(name)
     except Exception as e:  # not on disk, no network, not a tokenizer: only some datasets need one
         if tokenizer is not None:
             raise ValueError(f"--tokenizer {tokenizer!r} could not be loaded ({type(e).__name__}: {e}).") from e
-        print(f"warning: no tokenizer for model {model!r} ({type(e).__name__}: {e}); output tokens will be the "
-              f"server's usage, or the number of text chunks where it sends none", file=sys.stderr)
+        print(
+            f"warning: no tokenizer for model {model!r} ({type(e).__name__}: {e}); output tokens will be the "
+            f"server's usage, or the number of text chunks where it sends none",
+            file=sys.stderr,
+        )
         return None
 
 
 # -- the client: one streamed request, timed ----------------------------------------------------------------
+
 
 @dataclass
 class RequestResult:
@@ -199,8 +217,17 @@ class RequestResult:
 
 
 class Client:
-    def __init__(self, session, base_url: str, endpoint: str, model: str, api_key: str | None, ignore_eos: bool,
-                 temperature: float, tokenizer) -> None:
+    def __init__(
+        self,
+        session,
+        base_url: str,
+        endpoint: str,
+        model: str,
+        api_key: str | None,
+        ignore_eos: bool,
+        temperature: float,
+        tokenizer,
+    ) -> None:
         self.session, self.model, self.ignore_eos, self.tokenizer = session, model, ignore_eos, tokenizer
         self.temperature = temperature
         self.url = api_url(base_url, endpoint)
@@ -208,8 +235,12 @@ class Client:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def payload(self, req: TextRequest) -> dict:
-        body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
-                "temperature": self.temperature}
+        body = {
+            "model": self.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": self.temperature,
+        }
         if self.chat:
             body.update(messages=[{"role": "user", "content": req.prompt}], max_completion_tokens=req.output_len)
         else:
@@ -304,9 +335,16 @@ def http_error(status: int, text: str) -> str:
 
 # -- a run: arrivals, concurrency, progress -----------------------------------------------------------------
 
-async def run_at_rate(client: Client, requests: list[TextRequest], rate: float, burstiness: float,
-                      max_concurrency: int | None, seed: int, show_progress: bool
-                      ) -> tuple[list[RequestResult], float]:
+
+async def run_at_rate(
+    client: Client,
+    requests: list[TextRequest],
+    rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    seed: int,
+    show_progress: bool,
+) -> tuple[list[RequestResult], float]:
     """Send every request, the gaps between arrivals drawn from gamma(burstiness, 1 / (rate * burstiness))
     (exponential, so Poisson arrivals, at burstiness 1; all at once at rate inf). Arrivals keep to their
     schedule whatever the server does: a slow server makes requests pile up, as real users would.
@@ -375,34 +413,50 @@ async def benchmark(args: argparse.Namespace) -> int:
         offline = offline_throughput(args.offline_result) if args.offline_result else None
         tokenizer = load_tokenizer(args.tokenizer, model)
         requests = load_workload(args, tokenizer)
-        client = Client(session, args.base_url, args.endpoint, model, args.api_key, args.ignore_eos,
-                        args.temperature, tokenizer)
+        client = Client(
+            session, args.base_url, args.endpoint, model, args.api_key, args.ignore_eos, args.temperature, tokenizer
+        )
         print(f"{len(requests)} requests ({args.dataset_name}) to {client.url}, model {model}")
 
         if args.warmup_requests:
-            warm = await asyncio.gather(*(client.send(i, requests[i % len(requests)])
-                                          for i in range(args.warmup_requests)))
+            warm = await asyncio.gather(
+                *(client.send(i, requests[i % len(requests)]) for i in range(args.warmup_requests))
+            )
             if not any(r.success for r in warm):
                 print(f"error: every warmup request failed: {warm[0].error}", file=sys.stderr)
                 return 1
 
-        config = dict(base_url=args.base_url, endpoint=args.endpoint, model=model, tokenizer=args.tokenizer,
-                      dataset_name=args.dataset_name, dataset_path=args.dataset_path, num_prompts=len(requests),
-                      random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-                      random_range_ratio=args.random_range_ratio, burstiness=args.burstiness,
-                      max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
-                      temperature=args.temperature, seed=args.seed, offline_result=args.offline_result,
-                      warmup_requests=args.warmup_requests, goodput_ms=dict(args.goodput or ()),
-                      percentile_metrics=args.percentile_metrics, metric_percentiles=args.metric_percentiles)
+        config = dict(
+            base_url=args.base_url,
+            endpoint=args.endpoint,
+            model=model,
+            tokenizer=args.tokenizer,
+            dataset_name=args.dataset_name,
+            dataset_path=args.dataset_path,
+            num_prompts=len(requests),
+            random_input_len=args.random_input_len,
+            random_output_len=args.random_output_len,
+            random_range_ratio=args.random_range_ratio,
+            burstiness=args.burstiness,
+            max_concurrency=args.max_concurrency,
+            ignore_eos=args.ignore_eos,
+            temperature=args.temperature,
+            seed=args.seed,
+            offline_result=args.offline_result,
+            warmup_requests=args.warmup_requests,
+            goodput_ms=dict(args.goodput or ()),
+            percentile_metrics=args.percentile_metrics,
+            metric_percentiles=args.metric_percentiles,
+        )
         name = args.label or f"serve-{slug(model)}"
         runs = []
         for rate in args.request_rate:
-            results, duration = await run_at_rate(client, requests, rate, args.burstiness, args.max_concurrency,
-                                                  args.seed, not args.disable_tqdm)
+            results, duration = await run_at_rate(
+                client, requests, rate, args.burstiness, args.max_concurrency, args.seed, not args.disable_tqdm
+            )
             run_config = dict(config, request_rate=rate if math.isfinite(rate) else "inf")
             run_name = name if len(args.request_rate) == 1 else f"{name}-rate-{rate:g}"
-            result = serve_report.make_run_result(run_name, results, duration, run_config, dict(args.metadata),
-                                                  offline)
+            result = serve_report.make_run_result(run_name, results, duration, run_config, dict(args.metadata), offline)
             print(serve_report.format_run(result))
             if args.save_result:
                 print(f"saved {serve_report.save_result(result, args.result_dir)}")
@@ -432,6 +486,7 @@ def slug(model: str) -> str:
 def main(args: argparse.Namespace) -> int:
     try:
         import uvloop  # the server's loop too; the client must not be what limits a fast server
+
         run = uvloop.run
     except ImportError:
         run = asyncio.run
@@ -445,11 +500,12 @@ def main(args: argparse.Namespace) -> int:
 
 # -- the command line -----------------------------------------------------------------------------------------
 
+
 def _rates(text: str) -> list[float]:
     try:
         rates = [float(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"request rates are numbers or inf, comma-separated, got {text!r}")
+        raise argparse.ArgumentTypeError(f"request rates are numbers or inf, comma-separated, got {text!r}") from None
     if any(not r > 0 for r in rates):
         raise argparse.ArgumentTypeError(f"request rates must be positive, got {text!r}")
     return rates
@@ -462,6 +518,7 @@ def _choices_list(allowed: tuple[str, ...]):
         if bad or not names:
             raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}, got {text!r}")
         return names
+
     return parse
 
 
@@ -469,7 +526,7 @@ def _percentiles(text: str) -> list[float]:
     try:
         ps = [float(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"percentiles are numbers, comma-separated, got {text!r}")
+        raise argparse.ArgumentTypeError(f"percentiles are numbers, comma-separated, got {text!r}") from None
     if any(not 0 < p <= 100 for p in ps):
         raise argparse.ArgumentTypeError(f"percentiles lie in (0, 100], got {text!r}")
     return ps
@@ -499,7 +556,7 @@ def _length(text: str) -> str:
     try:
         low, high = parse_range(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a length is N or LOW,HIGH, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a length is N or LOW,HIGH, got {text!r}") from None
     if not 1 <= low <= high:
         raise argparse.ArgumentTypeError(f"a length range needs 1 <= LOW <= HIGH, got {text!r}")
     return text
@@ -520,57 +577,119 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"the server (default {DEFAULT_BASE_URL})")
     g.add_argument("--endpoint", default=ENDPOINTS[0], choices=ENDPOINTS)
     g.add_argument("--model", default=None, help="the model name sent (default: the first of GET /v1/models)")
-    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                   help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")
-    g.add_argument("--tokenizer", default=None,
-                   help="HF folder, hub id or .gguf file, for the random and sharegpt datasets and for servers "
-                        "that send no usage (default: the model's, or the embedded model's)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)",
+    )
+    g.add_argument(
+        "--tokenizer",
+        default=None,
+        help="HF folder, hub id or .gguf file, for the random and sharegpt datasets and for servers "
+        "that send no usage (default: the model's, or the embedded model's)",
+    )
     g.add_argument("--request-timeout", type=float, default=6 * 3600.0, help="seconds per request")
 
     g = parser.add_argument_group("workload")
     g.add_argument("--dataset-name", default="random", choices=DATASETS)
     g.add_argument("--dataset-path", default=None, help="the ShareGPT JSON or the JSONL file")
     g.add_argument("--num-prompts", type=_positive_int, default=1000)
-    g.add_argument("--random-input-len", type=_length, default="1024",
-                   help="prompt tokens: N (spread by --random-range-ratio) or LOW,HIGH (default 1024)")
-    g.add_argument("--random-output-len", type=_length, default="128",
-                   help="output tokens: N or LOW,HIGH (default 128)")
-    g.add_argument("--random-range-ratio", type=float, default=0.0,
-                   help="lengths drawn uniformly from [N (1 - r), N (1 + r)] (default 0: exactly N)")
-    g.add_argument("--ignore-eos", action="store_true",
-                   help="generate exactly the asked output lengths (a vLLM extra; Heron, vLLM, SGLang take it)")
-    g.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature sent (default 0: greedy; `heron bench throughput` uses 0.6)")
+    g.add_argument(
+        "--random-input-len",
+        type=_length,
+        default="1024",
+        help="prompt tokens: N (spread by --random-range-ratio) or LOW,HIGH (default 1024)",
+    )
+    g.add_argument(
+        "--random-output-len", type=_length, default="128", help="output tokens: N or LOW,HIGH (default 128)"
+    )
+    g.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths drawn uniformly from [N (1 - r), N (1 + r)] (default 0: exactly N)",
+    )
+    g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate exactly the asked output lengths (a vLLM extra; Heron, vLLM, SGLang take it)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature sent (default 0: greedy; `heron bench throughput` uses 0.6)",
+    )
     g.add_argument("--seed", type=int, default=0, help="the workload's and the arrivals' seed")
 
     g = parser.add_argument_group("load")
-    g.add_argument("--request-rate", type=_rates, default=[math.inf],
-                   help="requests/s, inf for all at once; a comma list (1,4,inf) runs a sweep (default inf)")
-    g.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 steadier (default 1)")
+    g.add_argument(
+        "--request-rate",
+        type=_rates,
+        default=[math.inf],
+        help="requests/s, inf for all at once; a comma list (1,4,inf) runs a sweep (default inf)",
+    )
+    g.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 steadier (default 1)",
+    )
     g.add_argument("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
-    g.add_argument("--warmup-requests", type=int, default=1,
-                   help="sent at once before measuring, not counted; if all fail, nothing is run (default 1)")
+    g.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=1,
+        help="sent at once before measuring, not counted; if all fail, nothing is run (default 1)",
+    )
     g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
     g = parser.add_argument_group("report")
-    g.add_argument("--percentile-metrics", type=_choices_list(PERCENTILE_METRICS),
-                   default=list(PERCENTILE_METRICS), help="default ttft,tpot,itl,e2el")
-    g.add_argument("--metric-percentiles", type=_percentiles, default=[50.0, 90.0, 95.0, 99.0],
-                   help="default 50,90,95,99")
-    g.add_argument("--goodput", type=_slo, nargs="+", default=None, metavar="METRIC:MS",
-                   help="SLOs (ttft:MS tpot:MS e2el:MS); goodput = requests/s meeting all of them")
-    g.add_argument("--save-result", action="store_true",
-                   help="write <result-dir>/<label>.json (a sweep: <label>-rate-R.json per rate) with "
-                        "per-request detail")
-    g.add_argument("--result-dir", "--results-dir", dest="result_dir", default=RESULTS_DIR,
-                   help=f"for results, and a sweep's plot and report (default {RESULTS_DIR})")
-    g.add_argument("--offline-result", default=None, metavar="JSON",
-                   help="a `heron bench throughput` result on the same requests: adds ratio_vs_offline (served "
-                        "output tokens/s over offline) to the metrics")
+    g.add_argument(
+        "--percentile-metrics",
+        type=_choices_list(PERCENTILE_METRICS),
+        default=list(PERCENTILE_METRICS),
+        help="default ttft,tpot,itl,e2el",
+    )
+    g.add_argument(
+        "--metric-percentiles", type=_percentiles, default=[50.0, 90.0, 95.0, 99.0], help="default 50,90,95,99"
+    )
+    g.add_argument(
+        "--goodput",
+        type=_slo,
+        nargs="+",
+        default=None,
+        metavar="METRIC:MS",
+        help="SLOs (ttft:MS tpot:MS e2el:MS); goodput = requests/s meeting all of them",
+    )
+    g.add_argument(
+        "--save-result",
+        action="store_true",
+        help="write <result-dir>/<label>.json (a sweep: <label>-rate-R.json per rate) with per-request detail",
+    )
+    g.add_argument(
+        "--result-dir",
+        "--results-dir",
+        dest="result_dir",
+        default=RESULTS_DIR,
+        help=f"for results, and a sweep's plot and report (default {RESULTS_DIR})",
+    )
+    g.add_argument(
+        "--offline-result",
+        default=None,
+        metavar="JSON",
+        help="a `heron bench throughput` result on the same requests: adds ratio_vs_offline (served "
+        "output tokens/s over offline) to the metrics",
+    )
     g.add_argument("--label", default=None, help="the result's name (default serve-<model>)")
-    g.add_argument("--metadata", type=_key_value, nargs="+", default=[], metavar="KEY=VALUE",
-                   help="recorded in the result as they are")
+    g.add_argument(
+        "--metadata",
+        type=_key_value,
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recorded in the result as they are",
+    )
 
 
 def validate(args: argparse.Namespace) -> None:

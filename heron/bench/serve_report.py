@@ -21,15 +21,23 @@ from pathlib import Path
 from heron.bench.serve import api_url
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
-METRIC_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-                "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+METRIC_NAMES = {
+    "ttft": "Time to First Token",
+    "tpot": "Time per Output Token (excl. 1st token)",
+    "itl": "Inter-token Latency",
+    "e2el": "End-to-end Latency",
+}
 
 
 def latency_samples(results) -> dict[str, list[float]]:
     """Seconds, from the successful requests: TPOT of those with two tokens at least, every ITL gap pooled."""
     ok = [r for r in results if r.success]
-    return {"ttft": [r.ttft for r in ok], "tpot": [r.tpot for r in ok if r.tpot is not None],
-            "itl": [gap for r in ok for gap in r.itl], "e2el": [r.e2el for r in ok]}
+    return {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [r.tpot for r in ok if r.tpot is not None],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2el": [r.e2el for r in ok],
+    }
 
 
 def peak_concurrency(results) -> int:
@@ -53,12 +61,18 @@ def summarize(results, duration: float, percentiles: list[float], slos_ms: dict[
     ok = [r for r in results if r.success]
     input_tokens = sum(r.prompt_len or 0 for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
-    m = {"completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
-         "input_tokens": input_tokens, "output_tokens": output_tokens,
-         "requests_per_s": len(ok) / duration, "output_tokens_per_s": output_tokens / duration,
-         "total_tokens_per_s": (input_tokens + output_tokens) / duration,
-         "peak_concurrency": peak_concurrency(results),
-         "goodput_requests_per_s": sum(meets_slos(r, slos_ms) for r in ok) / duration if slos_ms else None}
+    m = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "requests_per_s": len(ok) / duration,
+        "output_tokens_per_s": output_tokens / duration,
+        "total_tokens_per_s": (input_tokens + output_tokens) / duration,
+        "peak_concurrency": peak_concurrency(results),
+        "goodput_requests_per_s": sum(meets_slos(r, slos_ms) for r in ok) / duration if slos_ms else None,
+    }
     for name, samples in latency_samples(results).items():
         ms = np.asarray(samples, dtype=np.float64) * 1000
         m[f"{name}_mean_ms"] = float(ms.mean()) if ms.size else None
@@ -76,27 +90,46 @@ def error_summary(results) -> dict[str, int]:
 
 def request_detail(r, t0: float) -> dict:
     ms = lambda s: None if s is None else round(s * 1000, 3)
-    return {"index": r.index, "success": r.success, "status": r.status, "error": r.error,
-            "start_s": round(r.start - t0, 6), "prompt_len": r.prompt_len, "output_len": r.output_len,
-            "output_tokens": r.output_tokens, "output_tokens_source": r.output_tokens_source, "usage": r.usage,
-            "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2el_ms": ms(r.e2el), "itl_ms": [ms(g) for g in r.itl]}
+    return {
+        "index": r.index,
+        "success": r.success,
+        "status": r.status,
+        "error": r.error,
+        "start_s": round(r.start - t0, 6),
+        "prompt_len": r.prompt_len,
+        "output_len": r.output_len,
+        "output_tokens": r.output_tokens,
+        "output_tokens_source": r.output_tokens_source,
+        "usage": r.usage,
+        "ttft_ms": ms(r.ttft),
+        "tpot_ms": ms(r.tpot),
+        "e2el_ms": ms(r.e2el),
+        "itl_ms": [ms(g) for g in r.itl],
+    }
 
 
-def make_run_result(name: str, results, duration: float, config: dict, metadata: dict,
-                    offline_tokens_per_s: float | None = None) -> dict:
+def make_run_result(
+    name: str, results, duration: float, config: dict, metadata: dict, offline_tokens_per_s: float | None = None
+) -> dict:
     import torch
 
     from heron.bench.report import make_result
 
     metrics = summarize(results, duration, config["metric_percentiles"], config["goodput_ms"])
     if offline_tokens_per_s is not None:  # what the HTTP layer costs: 1.0 means nothing
-        metrics.update(offline_output_tokens_per_s=offline_tokens_per_s,
-                       ratio_vs_offline=metrics["output_tokens_per_s"] / offline_tokens_per_s)
+        metrics.update(
+            offline_output_tokens_per_s=offline_tokens_per_s,
+            ratio_vs_offline=metrics["output_tokens_per_s"] / offline_tokens_per_s,
+        )
     # The GPU of the machine the client runs on: the server's when both run on one host, as recorded runs do.
     result = make_result(name, metrics, "cuda" if torch.cuda.is_available() else "cpu")
     t0 = min(r.start for r in results)
-    result.update(config=config, metadata=metadata, errors=error_summary(results),
-                  requests=[request_detail(r, t0) for r in results])
+    result.update(
+        config=config,
+        metadata=metadata,
+        errors=error_summary(results),
+        requests=[request_detail(r, t0) for r in results],
+    )
     return result
 
 
@@ -110,25 +143,37 @@ def format_run(result: dict) -> str:
     """The printed block, shaped as vLLM's `benchmark_serving` prints it, so its readers know where to look."""
     m, config = result["metrics"], result["config"]
     rate = config["request_rate"]
-    lines = ["{:=^60}".format(" Serving Benchmark Result "),
-             *_rows([("Request rate (req/s)", rate if rate == "inf" else f"{rate:g}"),
-                     ("Max concurrency", config["max_concurrency"] or "-"),
-                     ("Successful requests", m["completed"]), ("Failed requests", m["failed"]),
-                     ("Benchmark duration (s)", m["duration_s"]), ("Total input tokens", m["input_tokens"]),
-                     ("Total generated tokens", m["output_tokens"]),
-                     ("Request throughput (req/s)", m["requests_per_s"]),
-                     ("Output token throughput (tok/s)", m["output_tokens_per_s"]),
-                     ("Total token throughput (tok/s)", m["total_tokens_per_s"]),
-                     ("Peak concurrent requests", m["peak_concurrency"])])]
+    lines = [
+        "{:=^60}".format(" Serving Benchmark Result "),
+        *_rows(
+            [
+                ("Request rate (req/s)", rate if rate == "inf" else f"{rate:g}"),
+                ("Max concurrency", config["max_concurrency"] or "-"),
+                ("Successful requests", m["completed"]),
+                ("Failed requests", m["failed"]),
+                ("Benchmark duration (s)", m["duration_s"]),
+                ("Total input tokens", m["input_tokens"]),
+                ("Total generated tokens", m["output_tokens"]),
+                ("Request throughput (req/s)", m["requests_per_s"]),
+                ("Output token throughput (tok/s)", m["output_tokens_per_s"]),
+                ("Total token throughput (tok/s)", m["total_tokens_per_s"]),
+                ("Peak concurrent requests", m["peak_concurrency"]),
+            ]
+        ),
+    ]
     if "ratio_vs_offline" in m:
-        lines += _rows([("Offline output throughput (tok/s)", m["offline_output_tokens_per_s"]),
-                        ("Served / offline output throughput", m["ratio_vs_offline"])])
+        lines += _rows(
+            [
+                ("Offline output throughput (tok/s)", m["offline_output_tokens_per_s"]),
+                ("Served / offline output throughput", m["ratio_vs_offline"]),
+            ]
+        )
     if m["goodput_requests_per_s"] is not None:
         slos = " ".join(f"{k}<={v:g}ms" for k, v in config["goodput_ms"].items())
         lines += _rows([(f"Request goodput (req/s, {slos})", m["goodput_requests_per_s"])])
     for name in config["percentile_metrics"]:
         label = name.upper()
-        lines.append("{:-^60}".format(METRIC_NAMES[name]))
+        lines.append(f"{METRIC_NAMES[name]:-^60}")
         stats = [("Mean", "mean"), ("Median", "median"), ("Std", "std")]
         stats += [(f"P{p:g}", f"p{p:g}") for p in config["metric_percentiles"]]
         lines += _rows([(f"{title} {label} (ms)", m[f"{name}_{key}_ms"]) for title, key in stats])
@@ -152,6 +197,7 @@ def _value(v) -> str:
 
 
 # -- a sweep: one plot and one Markdown report over its runs -------------------------------------------------
+
 
 def write_sweep(runs: list[dict], name: str, result_dir: str) -> tuple[Path, Path]:
     """<result_dir>/<name>-sweep.png and <name>-sweep.md."""
@@ -180,8 +226,16 @@ def plot_sweep(runs: list[dict], path: Path) -> None:
         for xi, r in zip(x, runs):  # each point's asked rate, so a reader can map it back to the table
             rate = r["config"]["request_rate"]
             label = f"{rate if rate == 'inf' else format(rate, 'g')} req/s"
-            ax.annotate(label, (xi, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
-                        xytext=(0, 4), ha="center", fontsize=7, color="gray")
+            ax.annotate(
+                label,
+                (xi, 0),
+                xycoords=("data", "axes fraction"),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                fontsize=7,
+                color="gray",
+            )
         ax.set_xlabel("achieved output throughput (tokens/s)")
         ax.set_ylabel(f"{metric.upper()} (ms)")
         ax.set_title(METRIC_NAMES[metric])
@@ -208,25 +262,42 @@ def sweep_markdown(runs: list[dict], name: str, png_name: str) -> str:
     rows = []
     for r in runs:
         m, rate = r["metrics"], r["config"]["request_rate"]
-        row = [rate if rate == "inf" else float(rate), m["completed"], m["failed"], m["requests_per_s"],
-               m["output_tokens_per_s"], m["total_tokens_per_s"], m["peak_concurrency"]]
+        row = [
+            rate if rate == "inf" else float(rate),
+            m["completed"],
+            m["failed"],
+            m["requests_per_s"],
+            m["output_tokens_per_s"],
+            m["total_tokens_per_s"],
+            m["peak_concurrency"],
+        ]
         if config["goodput_ms"]:
             row.append(m["goodput_requests_per_s"])
         for metric in config["percentile_metrics"]:
             row += [m[f"{metric}_p{p:g}_ms"] for p in percentiles]
         rows.append(tuple(row))
-    workload = (f"{config['dataset_name']} workload, {config['num_prompts']} requests a rate, burstiness "
-                f"{config['burstiness']:g}, max concurrency {config['max_concurrency'] or 'none'}")
+    workload = (
+        f"{config['dataset_name']} workload, {config['num_prompts']} requests a rate, burstiness "
+        f"{config['burstiness']:g}, max concurrency {config['max_concurrency'] or 'none'}"
+    )
     if config["goodput_ms"]:
         workload += ", goodput SLOs " + " ".join(f"{k} <= {v:g} ms" for k, v in config["goodput_ms"].items())
     errors = collections.Counter()
     for r in runs:
         errors.update(r["errors"])
-    lines = [f"# Serving sweep: {name}", "",
-             f"`{config['model']}` at {api_url(config['base_url'], config['endpoint'])}; {workload}.",
-             f"{first['date']}, {first['gpu']}, commit {first['commit'][:12]}.", "",
-             f"    {first['command']}", "", format_table(rows, tuple(headers)), "",
-             f"![TTFT and TPOT percentiles against achieved throughput]({png_name})", ""]
+    lines = [
+        f"# Serving sweep: {name}",
+        "",
+        f"`{config['model']}` at {api_url(config['base_url'], config['endpoint'])}; {workload}.",
+        f"{first['date']}, {first['gpu']}, commit {first['commit'][:12]}.",
+        "",
+        f"    {first['command']}",
+        "",
+        format_table(rows, tuple(headers)),
+        "",
+        f"![TTFT and TPOT percentiles against achieved throughput]({png_name})",
+        "",
+    ]
     if errors:
         lines += ["## Errors", "", *(f"- {count} x {message[:300]}" for message, count in errors.most_common()), ""]
     return "\n".join(lines)

@@ -32,10 +32,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     b = parser.add_argument_group("baselines")
     b.add_argument("--hf-baseline", action="store_true", help="also time transformers generate on the same requests")
     b.add_argument("--hf-batch-size", type=int, default=None, help="static batch size (default: --batch-size)")
-    b.add_argument("--hf-num-prompts", type=int, default=None,
-                   help="run transformers on an evenly spaced subset of this many requests (default: all)")
-    b.add_argument("--no-limit", dest="limit", action="store_false",
-                   help="skip measuring copy bandwidth and matmul rate for the physical limit")
+    b.add_argument(
+        "--hf-num-prompts",
+        type=int,
+        default=None,
+        help="run transformers on an evenly spaced subset of this many requests (default: all)",
+    )
+    b.add_argument(
+        "--no-limit",
+        dest="limit",
+        action="store_false",
+        help="skip measuring copy bandwidth and matmul rate for the physical limit",
+    )
     add_result_args(parser, "[cpu-]offline-<model>")
 
 
@@ -52,8 +60,9 @@ def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[f
     llm.generate([list(range(1, 33))], params(16), use_tqdm=False)
     _sync(llm)
     start = time.perf_counter()
-    outs = llm.generate([r.prompt_token_ids for r in requests], [params(r.output_len) for r in requests],
-                        use_tqdm=False)
+    outs = llm.generate(
+        [r.prompt_token_ids for r in requests], [params(r.output_len) for r in requests], use_tqdm=False
+    )
     _sync(llm)
     seconds = time.perf_counter() - start
     got = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -77,8 +86,9 @@ def run(args: argparse.Namespace) -> dict:
     from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, workload_bound
     from heron.config import resolve_device, resolve_dtype
 
-    requests = random_token_requests(args.num_prompts, args.input_len_range, args.output_len_range, args.seed,
-                                     args.max_token_id)
+    requests = random_token_requests(
+        args.num_prompts, args.input_len_range, args.output_len_range, args.seed, args.max_token_id
+    )
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     # The machine's rates first, while the engine does not yet hold the device's memory.
@@ -114,12 +124,23 @@ def run(args: argparse.Namespace) -> dict:
         lengths = [(len(r.prompt_token_ids), r.output_len) for r in requests]
         bound = workload_bound(cost, lengths, batch, bandwidth, flop_rate)
         limit = out_tokens / bound.min_seconds
-        metrics.update(limit_output_tokens_per_s=limit, fraction_of_limit=metrics["output_tokens_per_s"] / limit,
-                       limit_bound_by=bound.bound_by, copy_bandwidth_GBps=bandwidth / 1e9,
-                       matmul_TFLOPs=flop_rate / 1e12)
-        rows.append((f"physical limit ({bound.bound_by}: {bandwidth / 1e9:,.1f} GB/s copy, "
-                     f"{flop_rate / 1e12:,.2f} TFLOP/s matmul)", out_tokens, bound.min_seconds, limit,
-                     metrics["fraction_of_limit"]))
+        metrics.update(
+            limit_output_tokens_per_s=limit,
+            fraction_of_limit=metrics["output_tokens_per_s"] / limit,
+            limit_bound_by=bound.bound_by,
+            copy_bandwidth_GBps=bandwidth / 1e9,
+            matmul_TFLOPs=flop_rate / 1e12,
+        )
+        rows.append(
+            (
+                f"physical limit ({bound.bound_by}: {bandwidth / 1e9:,.1f} GB/s copy, "
+                f"{flop_rate / 1e12:,.2f} TFLOP/s matmul)",
+                out_tokens,
+                bound.min_seconds,
+                limit,
+                metrics["fraction_of_limit"],
+            )
+        )
     if args.hf_baseline:
         hf_batch = args.hf_batch_size or batch
         subset = requests
@@ -130,13 +151,28 @@ def run(args: argparse.Namespace) -> dict:
         hf_run = run_hf(hf, subset, hf_batch, args.temperature, args.seed)
         del hf
         hf_rate = hf_run.output_tokens_per_s
-        metrics.update(hf_output_tokens_per_s=hf_rate, ratio_vs_hf=metrics["output_tokens_per_s"] / hf_rate,
-                       hf_elapsed_s=hf_run.seconds, hf_num_requests=hf_run.num_requests, hf_batch_size=hf_batch,
-                       hf_output_tokens=hf_run.output_tokens, hf_generated_tokens=hf_run.generated_tokens)
-        rows.append((f"transformers generate, static batches of {hf_batch}"
-                     + (f", {hf_run.num_requests} of the requests" if subset is not requests else ""),
-                     hf_run.output_tokens, hf_run.seconds, hf_rate, metrics["ratio_vs_hf"]))
+        metrics.update(
+            hf_output_tokens_per_s=hf_rate,
+            ratio_vs_hf=metrics["output_tokens_per_s"] / hf_rate,
+            hf_elapsed_s=hf_run.seconds,
+            hf_num_requests=hf_run.num_requests,
+            hf_batch_size=hf_batch,
+            hf_output_tokens=hf_run.output_tokens,
+            hf_generated_tokens=hf_run.generated_tokens,
+        )
+        rows.append(
+            (
+                f"transformers generate, static batches of {hf_batch}"
+                + (f", {hf_run.num_requests} of the requests" if subset is not requests else ""),
+                hf_run.output_tokens,
+                hf_run.seconds,
+                hf_rate,
+                metrics["ratio_vs_hf"],
+            )
+        )
     table = format_table(rows, ("run", "output tokens", "seconds", "output tokens/s", "Heron / this"))
-    header = (f"{name}: {len(requests)} requests, prompts {args.input_len_range[0]}-{args.input_len_range[1]}, "
-              f"outputs {args.output_len_range[0]}-{args.output_len_range[1]} tokens, {device}, {metrics['dtype']}")
+    header = (
+        f"{name}: {len(requests)} requests, prompts {args.input_len_range[0]}-{args.input_len_range[1]}, "
+        f"outputs {args.output_len_range[0]}-{args.output_len_range[1]} tokens, {device}, {metrics['dtype']}"
+    )
     return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)

@@ -15,8 +15,9 @@ import torch.distributed as dist
 _rank, _world_size = 0, 1
 
 
-def init_distributed(rank: int, world_size: int, init_method: str, backend: str | None = None,
-                     timeout: timedelta | None = None) -> None:
+def init_distributed(
+    rank: int, world_size: int, init_method: str, backend: str | None = None, timeout: timedelta | None = None
+) -> None:
     """Join the group (`init_method`: "tcp://127.0.0.1:PORT" or "file:///path"). `backend`: NCCL when
     CUDA is available, else gloo. With NCCL the process takes GPU `rank` (one host: rank = local GPU).
     `timeout`: how long a collective may wait for the other ranks (None: torch's default)."""

@@ -50,8 +50,9 @@ class AsyncLLM:
         self._stopping = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         # Not a daemon: the engine process may start tensor-parallel workers of its own.
-        self._proc = ctx.Process(target=run_engine_core, args=(config, commands_child, events_child),
-                                 name="heron-engine")
+        self._proc = ctx.Process(
+            target=run_engine_core, args=(config, commands_child, events_child), name="heron-engine"
+        )
         self._proc.start()
         commands_child.close()
         events_child.close()
@@ -85,8 +86,14 @@ class AsyncLLM:
         """The engine's snapshot after its latest step."""
         return self._stats
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       priority: int = 0, add_special_tokens: bool = True) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs until the request finishes. Invalid requests raise ValueError before
         the first output; leaving the iteration early (or being cancelled) aborts the request."""
         text = prompt if isinstance(prompt, str) else None

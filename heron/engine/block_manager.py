@@ -14,8 +14,9 @@ from heron.engine.request import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_cpu_blocks: int = 0) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, num_cpu_blocks: int = 0
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -91,7 +92,7 @@ class BlockManager:
             i = computed // self.block_size
             src, dst = seq.block_table[i], self._pop_free()
             self.ref_count[src] -= 1
-            seq.block_table = [*seq.block_table[:i], dst, *seq.block_table[i + 1:]]  # a new list: see allocate
+            seq.block_table = [*seq.block_table[:i], dst, *seq.block_table[i + 1 :]]  # a new list: see allocate
             copies.append((src, dst))
         for _ in range(needed):
             seq.block_table.append(self._pop_free())
@@ -100,8 +101,9 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
         """Name the blocks that the last step filled, so later sequences can reuse them."""
         bs = self.block_size
-        if not self.enable_prefix_caching or seq.num_computed_tokens // bs <= min(num_computed_before // bs,
-                                                                                 len(seq.block_hashes)):
+        if not self.enable_prefix_caching or seq.num_computed_tokens // bs <= min(
+            num_computed_before // bs, len(seq.block_hashes)
+        ):
             return  # no block was filled (the common decode step)
         # A block computed earlier whose last token was still pending then is named now too.
         first = min(num_computed_before // bs, len(seq.block_hashes))

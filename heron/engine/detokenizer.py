@@ -38,8 +38,13 @@ class IncrementalDetokenizer:
     continuing the prompt should.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self._decode = make_decode(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         context = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         context_text = self._decode(context) if context else ""
@@ -75,15 +80,15 @@ class IncrementalDetokenizer:
     def _advance(self, force: bool) -> str:
         if self._prefix_text is None:
             self._prefix_text = self._decode(self._window[: self._read])
-        new_text = self._decode(self._window)[len(self._prefix_text):]
+        new_text = self._decode(self._window)[len(self._prefix_text) :]
         if new_text.endswith(REPLACEMENT_CHAR) and not force:
             # The last character is incomplete: return what precedes it, keep the window.
             stable = new_text.rstrip(REPLACEMENT_CHAR)
-            piece = stable[self._emitted:]
+            piece = stable[self._emitted :]
             self._emitted = max(self._emitted, len(stable))
         else:
             # Everything decoded is final: the read offset becomes the new prefix offset.
-            piece = new_text[self._emitted:]
+            piece = new_text[self._emitted :]
             del self._window[: self._read]
             self._read = len(self._window)
             self._prefix_text = None
@@ -92,16 +97,20 @@ class IncrementalDetokenizer:
         return piece
 
 
-def make_decode(tokenizer, skip_special_tokens: bool = True,
-                spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
+def make_decode(
+    tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+) -> Callable[[list[int]], str]:
     """`tokenizer.decode` with these options, as a function of the ids. A transformers fast tokenizer
     that does not clean up spaces decodes with its Rust tokenizer alone, so the call goes there directly:
     its Python wrappers cost about 4 of the 5 us of a short decode, paid per sequence and step while
     streaming. Fast tokenizers ignore spaces_between_special_tokens, as their decode() does."""
     if _decodes_through_backend(tokenizer):
         return functools.partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=skip_special_tokens)
-    return functools.partial(tokenizer.decode, skip_special_tokens=skip_special_tokens,
-                             spaces_between_special_tokens=spaces_between_special_tokens)
+    return functools.partial(
+        tokenizer.decode,
+        skip_special_tokens=skip_special_tokens,
+        spaces_between_special_tokens=spaces_between_special_tokens,
+    )
 
 
 def _decodes_through_backend(tokenizer) -> bool:
@@ -112,8 +121,12 @@ def _decodes_through_backend(tokenizer) -> bool:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     cls = type(tokenizer)
-    return (isinstance(tokenizer, PreTrainedTokenizerFast) and cls._decode is PreTrainedTokenizerFast._decode
-            and cls.decode is PreTrainedTokenizerBase.decode and not tokenizer.clean_up_tokenization_spaces)
+    return (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and cls._decode is PreTrainedTokenizerFast._decode
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
 
 
 class StopChecker:

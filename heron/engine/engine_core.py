@@ -60,8 +60,12 @@ def run_engine_core(config: EngineConfig, commands: Connection, events: Connecti
     engine = None
     try:
         engine = LLMEngine(config)
-        events.send(("ready", ServingInfo(engine.model_name, engine.max_model_len, engine.tokenizer,
-                                          engine.generation_defaults)))
+        events.send(
+            (
+                "ready",
+                ServingInfo(engine.model_name, engine.max_model_len, engine.tokenizer, engine.generation_defaults),
+            )
+        )
         _serve(engine, commands, events)
     except (EOFError, BrokenPipeError):
         return
@@ -90,8 +94,14 @@ def _serve(engine, commands: Connection, events: Connection) -> None:
                 continue
             _, rid, prompt, prompt_ids, params, priority, add_special = msg
             try:
-                engine.add_request(rid, prompt, replace(params, output_kind=RequestOutputKind.DELTA),
-                                   priority=priority, add_special_tokens=add_special, prompt_token_ids=prompt_ids)
+                engine.add_request(
+                    rid,
+                    prompt,
+                    replace(params, output_kind=RequestOutputKind.DELTA),
+                    priority=priority,
+                    add_special_tokens=add_special,
+                    prompt_token_ids=prompt_ids,
+                )
                 events.send(("added", rid, None))
             except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
                 events.send(("added", rid, (type(e).__name__, str(e))))
@@ -107,9 +117,13 @@ def to_wire(request: Request, outputs: OutputProcessor) -> tuple:
     if not request.sent_prompt:
         request.sent_prompt = True
         first = (request.prompt_logprobs, request.seqs[0].num_cached_tokens)
-    return (request.request_id, request.is_finished,
-            (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time),
-            [outputs.news(s) for s in request.seqs], first)
+    return (
+        request.request_id,
+        request.is_finished,
+        (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time),
+        [outputs.news(s) for s in request.seqs],
+        first,
+    )
 
 
 class OutputAccumulator:
@@ -141,8 +155,18 @@ class OutputAccumulator:
 
     def snapshot(self) -> RequestOutput:
         finished, metrics = self.state
-        outputs = [CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
-                                    None if c.logprobs is None else list(c.logprobs), c.finish_reason, c.stop_reason)
-                   for _, c in sorted(self.completions.items())]
-        return RequestOutput(*self.head, self.prompt_logprobs, outputs, finished, RequestMetrics(*metrics),
-                             self.num_cached_tokens)
+        outputs = [
+            CompletionOutput(
+                c.index,
+                c.text,
+                list(c.token_ids),
+                c.cumulative_logprob,
+                None if c.logprobs is None else list(c.logprobs),
+                c.finish_reason,
+                c.stop_reason,
+            )
+            for _, c in sorted(self.completions.items())
+        ]
+        return RequestOutput(
+            *self.head, self.prompt_logprobs, outputs, finished, RequestMetrics(*metrics), self.num_cached_tokens
+        )

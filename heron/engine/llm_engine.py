@@ -45,8 +45,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         config.verify()
         if get_tp_world_size() > 1:  # the layers would be built for that engine's ranks
-            raise RuntimeError("A tensor-parallel engine is running in this process: shut it down (LLM.shutdown()) "
-                               "before starting another engine.")
+            raise RuntimeError(
+                "A tensor-parallel engine is running in this process: shut it down (LLM.shutdown()) "
+                "before starting another engine."
+            )
         self.config = config
         self.device = resolve_device(config.device)
         source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
@@ -61,9 +63,11 @@ class LLMEngine:
         if sched.max_num_batched_tokens is None:
             sched.max_num_batched_tokens = max(8192 if self.device.type == "cuda" else 2048, sched.max_num_seqs)
         self.eos_token_ids = _eos_ids(source.generation_config, self.model_cfg, self.tokenizer)
-        self.generation_defaults = {k: source.generation_config[k] for k in
-                                    ("temperature", "top_p", "top_k", "repetition_penalty")
-                                    if k in source.generation_config}
+        self.generation_defaults = {
+            k: source.generation_config[k]
+            for k in ("temperature", "top_p", "top_k", "repetition_penalty")
+            if k in source.generation_config
+        }
 
         # Tensor parallelism: this process is rank 0; the workers join it before any layer is built.
         tp_size = config.parallel.tensor_parallel_size
@@ -78,8 +82,13 @@ class LLMEngine:
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not read back yet
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping", num_blocks, bs,
-                    num_blocks * self.runner.bytes_per_block / 2**30, num_cpu_blocks)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping",
+            num_blocks,
+            bs,
+            num_blocks * self.runner.bytes_per_block / 2**30,
+            num_cpu_blocks,
+        )
 
     def _start_runner(self, source) -> tuple[int, int]:
         """Build the model runner and its KV cache (on every rank, the same blocks); returns the number of
@@ -90,8 +99,10 @@ class LLMEngine:
             num_blocks = self.tp_workers.fewest_blocks(num_blocks, self.device)
         bs = self.config.cache.block_size
         if num_blocks * bs < self.max_model_len:
-            raise ValueError(f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
-                             f"({self.max_model_len}): lower max_model_len or give the cache more memory.")
+            raise ValueError(
+                f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
+                f"({self.max_model_len}): lower max_model_len or give the cache more memory."
+            )
         num_cpu_blocks = int(self.config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
         if self.tp_workers is not None:
             self.tp_workers.start(self.runner, num_blocks, num_cpu_blocks)
@@ -109,8 +120,7 @@ class LLMEngine:
         if asked is None:
             return limit
         if not 0 < asked <= limit:
-            raise ValueError(f"max_model_len ({asked}) must be in [1, {limit}], the model's "
-                             f"max_position_embeddings.")
+            raise ValueError(f"max_model_len ({asked}) must be in [1, {limit}], the model's max_position_embeddings.")
         return asked
 
     # -- requests ------------------------------------------------------------------------------------------
@@ -120,9 +130,16 @@ class LLMEngine:
             raise ValueError("This engine has no tokenizer: give prompts as token ids.")
         return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0, add_special_tokens: bool = True,
-                    prompt_token_ids: list[int] | None = None) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        prompt_token_ids: list[int] | None = None,
+    ) -> Request:
         """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
         A chat prompt already holds its special tokens: pass add_special_tokens=False. A text prompt's
         `prompt_token_ids`, when the caller has them (the server tokenizes in its own process), are taken
@@ -141,20 +158,25 @@ class LLMEngine:
         if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model_cfg.vocab_size}).")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"The prompt is {len(ids)} tokens long, but this model's maximum context length "
-                             f"(max_model_len) is {self.max_model_len} tokens, which must also leave room for "
-                             f"at least one output token.")
+            raise ValueError(
+                f"The prompt is {len(ids)} tokens long, but this model's maximum context length "
+                f"(max_model_len) is {self.max_model_len} tokens, which must also leave room for "
+                f"at least one output token."
+            )
         if params.n > self.config.scheduler.max_num_seqs:  # its n samples could never run together
             raise ValueError(f"n ({params.n}) is more than max_num_seqs ({self.config.scheduler.max_num_seqs}).")
         room = self.max_model_len - len(ids)
         if params.max_tokens is not None and params.max_tokens > room:
-            raise ValueError(f"max_tokens ({params.max_tokens}) plus the prompt ({len(ids)} tokens) exceeds "
-                             f"max_model_len ({self.max_model_len}).")
+            raise ValueError(
+                f"max_tokens ({params.max_tokens}) plus the prompt ({len(ids)} tokens) exceeds "
+                f"max_model_len ({self.max_model_len})."
+            )
         # max_tokens left out: up to the context (as in vLLM), so every request has a known length limit
         params = replace(params, eos_token_ids=self.eos_token_ids, max_tokens=params.max_tokens or room)
         seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
-        req = Request(request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority,
-                      seed=seed)
+        req = Request(
+            request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority, seed=seed
+        )
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
         self.stats.prompt_tokens += len(ids)
@@ -181,8 +203,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration (see `advance`); returns an output for every request that advanced (finished
         ones last time they appear; with RequestOutputKind.FINAL_ONLY, only those)."""
-        return [self.output_processor.make_output(r) for r in self.advance()
-                if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+        return [
+            self.output_processor.make_output(r)
+            for r in self.advance()
+            if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY
+        ]
 
     def advance(self) -> list[Request]:
         """Run one iteration; returns the requests it advanced (those it finished are done with here), whose

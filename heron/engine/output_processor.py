@@ -28,13 +28,19 @@ class OutputProcessor:
         n_out = index + 1 - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
         piece = ""
-        if self.tokenizer is not None and req.detokenizes_each_token and not (
-                stopped_by_token and not p.include_stop_str_in_output):
+        if (
+            self.tokenizer is not None
+            and req.detokenizes_each_token
+            and not (stopped_by_token and not p.include_stop_str_in_output)
+        ):
             detok = self._detok.get(seq.seq_id)
             if detok is None:
                 detok = self._detok[seq.seq_id] = IncrementalDetokenizer(
-                    self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], p.skip_special_tokens,
-                    p.spaces_between_special_tokens)
+                    self.tokenizer,
+                    seq.token_ids[: seq.num_prompt_tokens],
+                    p.skip_special_tokens,
+                    p.spaces_between_special_tokens,
+                )
                 self._stop[seq.seq_id] = StopChecker(p.stop, p.include_stop_str_in_output)
             piece = detok.step([token])
             seq.output_text += piece
@@ -51,7 +57,7 @@ class OutputProcessor:
             seq.finish_reason = "length"
         if seq.finish_reason is None:
             return False
-        del seq.token_ids[index + 1:]
+        del seq.token_ids[index + 1 :]
         seq.num_pending = 0
         return True
 
@@ -64,8 +70,12 @@ class OutputProcessor:
             ids = seq.output_token_ids
             if seq.finish_reason == "stop" and not p.include_stop_str_in_output:
                 ids = ids[:-1]  # the stop token (stop strings are never deferred)
-            detok = IncrementalDetokenizer(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens],
-                                           p.skip_special_tokens, p.spaces_between_special_tokens)
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                seq.token_ids[: seq.num_prompt_tokens],
+                p.skip_special_tokens,
+                p.spaces_between_special_tokens,
+            )
             seq.output_text = detok.step(ids) if ids else ""
         if detok is not None and seq.finish_reason != "stop":
             seq.output_text += detok.flush()
@@ -87,11 +97,15 @@ class OutputProcessor:
         first = not delta or not request.sent_prompt
         request.sent_prompt = True
         return RequestOutput(
-            request_id=request.request_id, prompt=request.prompt if first else None,
+            request_id=request.request_id,
+            prompt=request.prompt if first else None,
             prompt_token_ids=request.prompt_token_ids if first else [],
             prompt_logprobs=request.prompt_logprobs if first else None,  # complete by the first output
-            outputs=outputs, finished=request.is_finished, metrics=request.metrics,
-            num_cached_tokens=request.seqs[0].num_cached_tokens)
+            outputs=outputs,
+            finished=request.is_finished,
+            metrics=request.metrics,
+            num_cached_tokens=request.seqs[0].num_cached_tokens,
+        )
 
     def news(self, s: Sequence, delta: bool = True) -> tuple:
         """A sequence's output as CompletionOutput's fields, in order: all of it, or with `delta` only the
@@ -104,6 +118,12 @@ class OutputProcessor:
         text = self.visible_text(s)
         s.num_sent_tokens, s.num_sent_chars = end, len(text)
         want_lps = p.logprobs is not None
-        return (s.index, text[text_start:], s.token_ids[n + start: n + end],
-                s.cumulative_logprob if want_lps else None, s.output_logprobs[start:end] if want_lps else None,
-                s.finish_reason, s.stop_reason)
+        return (
+            s.index,
+            text[text_start:],
+            s.token_ids[n + start : n + end],
+            s.cumulative_logprob if want_lps else None,
+            s.output_logprobs[start:end] if want_lps else None,
+            s.finish_reason,
+            s.stop_reason,
+        )

@@ -66,7 +66,7 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         """The output tokens known on the host (not those of a step still running)."""
-        return self.token_ids[self.request.num_prompt_tokens: len(self.token_ids) - self.num_pending]
+        return self.token_ids[self.request.num_prompt_tokens : len(self.token_ids) - self.num_pending]
 
     @property
     def num_output_tokens(self) -> int:
@@ -100,7 +100,7 @@ class Sequence:
         known = len(self.token_ids) - self.num_pending
         for i in range(len(self.block_hashes), known // block_size):
             parent = self.block_hashes[i - 1] if i else b""
-            chunk = np.asarray(self.token_ids[i * block_size:(i + 1) * block_size], dtype=np.int64)
+            chunk = np.asarray(self.token_ids[i * block_size : (i + 1) * block_size], dtype=np.int64)
             self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
         return self.block_hashes
 

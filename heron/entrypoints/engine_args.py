@@ -12,45 +12,106 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--tokenizer", default=None, help="a tokenizer other than the model's")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--dtype", default="auto",
-                   choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
-                   help="weights and activations; auto: float32 on CPU, bfloat16 on GPU")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
+        help="weights and activations; auto: float32 on CPU, bfloat16 on GPU",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of requests that give none (and of benchmark workloads)")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="context length, prompt and output together (default: the model's)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights, activations and the KV cache")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                   help="KV-cache size in bytes (default on CPU: 2 GiB; on GPU: from --gpu-memory-utilization)")
-    g.add_argument("--swap-space", type=float, default=0.0,
-                   help="GiB of host memory for preempted sequences' blocks; 0: preempt by recomputing")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context length, prompt and output together (default: the model's)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory for weights, activations and the KV cache",
+    )
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="KV-cache size in bytes (default on CPU: 2 GiB; on GPU: from --gpu-memory-utilization)",
+    )
+    g.add_argument(
+        "--swap-space",
+        type=float,
+        default=0.0,
+        help="GiB of host memory for preempted sequences' blocks; 0: preempt by recomputing",
+    )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the KV cache of shared prompt prefixes")
-    g.add_argument("--max-num-seqs", "--batch-size", type=int, default=256,
-                   help="sequences in one batch at most (--batch-size: the benchmarks' name for it)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                   help="fcfs: first come, first served; priority: lowest `priority` first, then arrival")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV cache of shared prompt prefixes",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        "--batch-size",
+        type=int,
+        default=256,
+        help="sequences in one batch at most (--batch-size: the benchmarks' name for it)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)",
+    )
+    g.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=["fcfs", "priority"],
+        help="fcfs: first come, first served; priority: lowest `priority` first, then arrival",
+    )
     g.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flashinfer")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split each layer over this many GPUs (one process per GPU; gloo over CPU processes)")
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights in the shapes of the model's config.json (benchmarks)")
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="split each layer over this many GPUs (one process per GPU; gloo over CPU processes)",
+    )
+    g.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: random weights in the shapes of the model's config.json (benchmarks)",
+    )
 
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
     """EngineConfig from the flags of add_engine_args; `model_extra` sets further ModelConfig fields."""
     return EngineConfig(
-        model=ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-                          max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,
-                          **model_extra),
-        cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                          kv_cache_memory=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
-                          swap_space=args.swap_space),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  policy=args.scheduling_policy),
+        model=ModelConfig(
+            model=args.model,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            load_format=args.load_format,
+            **model_extra,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_memory=args.kv_cache_memory_bytes,
+            enable_prefix_caching=args.enable_prefix_caching,
+            swap_space=args.swap_space,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            policy=args.scheduling_policy,
+        ),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
-        device=args.device, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+        device=args.device,
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
+    )

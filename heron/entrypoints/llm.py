@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 
 from tqdm.auto import tqdm
 
@@ -19,24 +19,54 @@ Message = dict[str, object]
 
 
 class LLM:
-    def __init__(self, model: str | ModelSource | None = None, *, tokenizer: str | None = None, dtype: str = "auto",
-                 max_model_len: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int | None = None, block_size: int = 16,
-                 gpu_memory_utilization: float = 0.9, kv_cache_memory: int | None = None,
-                 enable_prefix_caching: bool = True, swap_space: float = 0.0, seed: int = 0,
-                 device: str = "auto", scheduling_policy: str = "fcfs", attention_backend: str = "auto",
-                 enforce_eager: bool = False, chat_template: str | None = None, load_format: str = "auto",
-                 tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self,
+        model: str | ModelSource | None = None,
+        *,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = 16,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_memory: int | None = None,
+        enable_prefix_caching: bool = True,
+        swap_space: float = 0.0,
+        seed: int = 0,
+        device: str = "auto",
+        scheduling_policy: str = "fcfs",
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        chat_template: str | None = None,
+        load_format: str = "auto",
+        tensor_parallel_size: int = 1,
+    ) -> None:
         config = EngineConfig(
-            model=ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
-                              seed=seed, chat_template=chat_template, load_format=load_format),
-            cache=CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-                              kv_cache_memory=kv_cache_memory, enable_prefix_caching=enable_prefix_caching,
-                              swap_space=swap_space),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      policy=scheduling_policy),
+            model=ModelConfig(
+                model=model,
+                tokenizer=tokenizer,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                chat_template=chat_template,
+                load_format=load_format,
+            ),
+            cache=CacheConfig(
+                block_size=block_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory=kv_cache_memory,
+                enable_prefix_caching=enable_prefix_caching,
+                swap_space=swap_space,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy
+            ),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
-            device=device, attention_backend=attention_backend, enforce_eager=enforce_eager)
+            device=device,
+            attention_backend=attention_backend,
+            enforce_eager=enforce_eager,
+        )
         self._start(config)
 
     @classmethod
@@ -61,8 +91,13 @@ class LLM:
         """SamplingParams() with the model's generation_config.json defaults (temperature, top_p, ...)."""
         return SamplingParams(**self.engine.generation_defaults)
 
-    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Seq[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Seq[int] | None = None,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt is a string or a
         list of token ids."""
         return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
@@ -84,13 +119,23 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages: list[Message] | list[list[Message]], sampling_params=None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params=None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                           chat_template=chat_template) for c in conversations]
+        prompts = [
+            tok.apply_chat_template(
+                c, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            )
+            for c in conversations
+        ]
         # The template already holds any BOS token: tokenize without adding special tokens again.
         return self._generate(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
 

@@ -41,8 +41,9 @@ def _fixed_arrays(max_seqs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype
     }
 
 
-def _step_arrays(num_tokens: int, num_seqs: int, width: int, num_logits: int,
-                 num_targets: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def _step_arrays(
+    num_tokens: int, num_seqs: int, width: int, num_logits: int, num_targets: int
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """In this order: what the model and attention read, then what the rank that samples reads (what
     tensor-parallel workers receive ends with logits_indices)."""
     i32, i64 = torch.int32, torch.int64
@@ -74,7 +75,7 @@ def _typed(flat: torch.Tensor) -> dict[torch.dtype, torch.Tensor]:
 def _view(typed: dict, offset: int, shape: tuple[int, ...], dtype: torch.dtype):
     """The array at byte `offset` of a buffer, from its `_typed` views (torch, or their numpy twins)."""
     start = offset // dtype.itemsize
-    flat = typed[dtype][start: start + math.prod(shape)]
+    flat = typed[dtype][start : start + math.prod(shape)]
     return flat.reshape(shape) if len(shape) > 1 else flat
 
 
@@ -99,13 +100,15 @@ class InputBuffers:
         self.device = device
         self.width = max_blocks_per_seq
         self._fixed, self._fixed_end = _place(_fixed_arrays(max_seqs), 0)
-        _, capacity = _place(_step_arrays(max_tokens, max_seqs, max_blocks_per_seq, max_seqs + max_tokens,
-                                          max_tokens), self._fixed_end)
+        _, capacity = _place(
+            _step_arrays(max_tokens, max_seqs, max_blocks_per_seq, max_seqs + max_tokens, max_tokens), self._fixed_end
+        )
         capacity = -(-capacity // _ALIGN) * _ALIGN
         self._dev = torch.zeros(capacity, dtype=torch.uint8, device=device)
         on_gpu = device.type == "cuda"
-        self._hosts = [torch.zeros(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if on_gpu \
-            else [self._dev]
+        self._hosts = (
+            [torch.zeros(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if on_gpu else [self._dev]
+        )
         self._dev_typed = _typed(self._dev)
         self._host_typed = [_typed(flat) for flat in self._hosts]
         self._np_typed = [{dtype: t.numpy() for dtype, t in typed.items()} for typed in self._host_typed]
@@ -170,7 +173,7 @@ def pad_to_graph(h: SimpleNamespace, num_tokens: int, num_seqs: int, key: tuple[
     h.positions[num_tokens:tokens] = 0
     h.slot_mapping[num_tokens:tokens] = -1
     h.seq_lens[num_seqs:seqs] = 0
-    h.query_start_loc[num_seqs: seqs + 1] = np.arange(num_tokens, tokens + 1) if tokens == seqs else num_tokens
+    h.query_start_loc[num_seqs : seqs + 1] = np.arange(num_tokens, tokens + 1) if tokens == seqs else num_tokens
 
 
 class BlockTables:
@@ -202,7 +205,7 @@ class BlockTables:
             self.lists[row], self.written[row] = blocks, 0
         written = self.written[row]
         if len(blocks) > written:
-            self.table[row, written: len(blocks)] = blocks[written:]
+            self.table[row, written : len(blocks)] = blocks[written:]
             self.written[row] = len(blocks)
         return row
 

@@ -47,8 +47,9 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, source: ModelSource, model_cfg: TransformerConfig,
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: EngineConfig, source: ModelSource, model_cfg: TransformerConfig, device: torch.device
+    ) -> None:
         self.config = config
         self.device = device
         self.dtype = resolve_dtype(config.model.dtype, device)
@@ -57,14 +58,15 @@ class ModelRunner:
         # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
         self.num_heads, self.num_kv_heads = model_cfg.heads_per_rank(get_tp_world_size())
         backend_cls = get_backend_cls(config.attention_backend, device.type)
-        self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim ** -0.5)
+        self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim**-0.5)
         self.model = self._load_model(source)
         sched = config.scheduler
         if device.type == "cuda":
             self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
-        self.backend.reserve(sched.max_num_seqs, device, dtype=self.dtype, block_size=self.block_size,
-                             max_blocks_per_seq=max_blocks)
+        self.backend.reserve(
+            sched.max_num_seqs, device, dtype=self.dtype, block_size=self.block_size, max_blocks_per_seq=max_blocks
+        )
         self.sampler = Sampler()
         self.kv_cache: torch.Tensor | None = None
         self.cpu_kv_cache: torch.Tensor | None = None
@@ -76,8 +78,11 @@ class ModelRunner:
         self._last_seqs: list[Sequence | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
         # Pinned host buffers for the sampled tokens, used in turn (a `.to("cpu")` would allocate pinned memory
         # and record an event each step).
-        self._tokens_host = [torch.zeros(sched.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)] \
-            if device.type == "cuda" else []
+        self._tokens_host = (
+            [torch.zeros(sched.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            if device.type == "cuda"
+            else []
+        )
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # key -> (graph, hidden)
         self.graph_keys = GraphKeys([], [])  # the captured graphs' keys (none until capture_cuda_graphs)
         self._graph_logits: torch.Tensor | None = None  # [largest decode graph, vocab] float32: their LM head
@@ -103,8 +108,13 @@ class ModelRunner:
             else:
                 model.load_weights(source.weights())
         model.eval()
-        logger.info("loaded %s (%.0f M parameters, %s) in %.1f s", source.name,
-                    sum(p.numel() for p in model.parameters()) / 1e6, self.dtype, time.perf_counter() - start)
+        logger.info(
+            "loaded %s (%.0f M parameters, %s) in %.1f s",
+            source.name,
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            self.dtype,
+            time.perf_counter() - start,
+        )
         return model
 
     def _tune_matmuls(self) -> None:
@@ -116,8 +126,11 @@ class ModelRunner:
 
         sched = self.config.scheduler
         keys = GraphKeys.plan(sched.max_num_seqs, sched.max_num_batched_tokens, prefill=True)
-        rows = [m for m in {*keys.decode_sizes, *(t for t, _ in keys.prefill), sched.max_num_batched_tokens}
-                if m > GEMV_MAX_ROWS]
+        rows = [
+            m
+            for m in {*keys.decode_sizes, *(t for t, _ in keys.prefill), sched.max_num_batched_tokens}
+            if m > GEMV_MAX_ROWS
+        ]
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
         weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         weights += [m.weight for m in heads if not m.float32_matmul()]
@@ -162,11 +175,16 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         other_processes = total - free - torch.cuda.memory_reserved(self.device)
         budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes
-        logger.info("profiled a %d-token step: peak %.2f GiB without the KV cache; %.2f GiB left for it",
-                    tokens, peak_without_kv / 2**30, budget / 2**30)
+        logger.info(
+            "profiled a %d-token step: peak %.2f GiB without the KV cache; %.2f GiB left for it",
+            tokens,
+            peak_without_kv / 2**30,
+            budget / 2**30,
+        )
         if budget <= 0:
-            raise RuntimeError("No GPU memory left for the KV cache: raise gpu_memory_utilization or lower "
-                               "max_num_batched_tokens.")
+            raise RuntimeError(
+                "No GPU memory left for the KV cache: raise gpu_memory_utilization or lower max_num_batched_tokens."
+            )
         return int(budget)
 
     def _fill_dummy_prefill(self, lens: list[int], blocks_per_seq: int) -> tuple[SimpleNamespace, AttentionMetadata]:
@@ -184,8 +202,9 @@ class ModelRunner:
         seq = np.repeat(np.arange(num_seqs), lens)
         h.input_ids[:n] = 0
         h.positions[:n] = pos
-        h.slot_mapping[:n] = h.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size \
-            + pos % self.block_size
+        h.slot_mapping[:n] = (
+            h.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
+        )
         self.buffers.upload(arrays)
         return arrays.dev, self._metadata(arrays, max(lens), max(lens))
 
@@ -198,8 +217,9 @@ class ModelRunner:
         for layer, module in enumerate(self.model.layers):
             module.self_attn.kv_cache = self.kv_cache[layer]
         if num_cpu_blocks:
-            self.cpu_kv_cache = torch.zeros((*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.dtype,
-                                            pin_memory=self.device.type == "cuda")
+            self.cpu_kv_cache = torch.zeros(
+                (*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.dtype, pin_memory=self.device.type == "cuda"
+            )
 
     # -- CUDA graphs -------------------------------------------------------------------------------------------
 
@@ -223,7 +243,7 @@ class ModelRunner:
 
         start = time.perf_counter()
         vocab = self.model_cfg.vocab_size
-        sizes = [2 ** k for k in range(self.max_num_seqs.bit_length())] + [self.max_num_seqs]
+        sizes = [2**k for k in range(self.max_num_seqs.bit_length())] + [self.max_num_seqs]
         with torch.inference_mode():
             for size in sorted(set(sizes)):
                 d, meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
@@ -250,11 +270,13 @@ class ModelRunner:
         start = time.perf_counter()
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
-        keys = GraphKeys.plan(self.max_num_seqs, self.config.scheduler.max_num_batched_tokens,
-                              self.backend.supports_prefill_cuda_graphs)
+        keys = GraphKeys.plan(
+            self.max_num_seqs, self.config.scheduler.max_num_batched_tokens, self.backend.supports_prefill_cuda_graphs
+        )
         b, steps = self.buffers, {}
-        self._graph_logits = torch.empty(keys.decode_sizes[-1], self.model_cfg.vocab_size, dtype=torch.float32,
-                                         device=self.device)
+        self._graph_logits = torch.empty(
+            keys.decode_sizes[-1], self.model_cfg.vocab_size, dtype=torch.float32, device=self.device
+        )
         with torch.inference_mode():
             # Every graph's step runs once eagerly before any capture: kernels compile (the prefill graphs'
             # attention variants among them), and backend and GEMV workspaces reach their final size (a buffer
@@ -277,10 +299,14 @@ class ModelRunner:
                 self.graphs[key] = (graph, hidden)
         self.graph_keys = keys
         torch.cuda.empty_cache()
-        logger.info("captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens) in %.1f s; "
-                    "they hold %.0f MiB", len(self.graphs), keys.decode_sizes[-1],
-                    keys.prefill[-1][0] if keys.prefill else "no", time.perf_counter() - start,
-                    (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
+        logger.info(
+            "captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens) in %.1f s; they hold %.0f MiB",
+            len(self.graphs),
+            keys.decode_sizes[-1],
+            keys.prefill[-1][0] if keys.prefill else "no",
+            time.perf_counter() - start,
+            (torch.cuda.memory_reserved(self.device) - reserved) / 2**20,
+        )
 
     def _graph_forward(self, key: GraphKey, d: SimpleNamespace, meta: AttentionMetadata) -> torch.Tensor:
         """What a graph runs: the model over its rows; a decode graph then the LM head of all of them into
@@ -322,8 +348,9 @@ class ModelRunner:
             tokens_host = self._tokens_host[0][:num_sample]
         return InflightStep(batch, inputs, out, prompt_lp, tokens_host)
 
-    def run_forward(self, arrays: StepArrays, graph: GraphKey | None, meta: AttentionMetadata,
-                    logits_rows: torch.Tensor | int) -> torch.Tensor:
+    def run_forward(
+        self, arrays: StepArrays, graph: GraphKey | None, meta: AttentionMetadata, logits_rows: torch.Tensor | int
+    ) -> torch.Tensor:
         """The model over the uploaded inputs (replaying the captured graph `graph`, if any), then the logits
         of the rows at the indices `logits_rows`, or of the first `logits_rows` rows of a decode step (a view:
         no gather; from a graph, its own LM head's). Tensor-parallel workers run it too: its collectives (the
@@ -351,16 +378,26 @@ class ModelRunner:
             src, dst = zip(*batch.block_copies)
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
-    def _metadata(self, arrays: StepArrays, max_query_len: int, max_seq_len: int,
-                  cuda_graph: bool = False) -> AttentionMetadata:
+    def _metadata(
+        self, arrays: StepArrays, max_query_len: int, max_seq_len: int, cuda_graph: bool = False
+    ) -> AttentionMetadata:
         """The step's attention metadata over its arrays, planned by the backend. `cuda_graph`: a batch padded
         to a captured graph's counts (a backend that plans into fixed buffers uses the graph's)."""
         d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
-            num_seqs=arrays.num_seqs, num_tokens=arrays.num_tokens, query_start_loc=d.query_start_loc,
-            seq_lens=d.seq_lens, block_tables=d.block_tables, slot_mapping=d.slot_mapping,
-            max_query_len=max_query_len, max_seq_len=max_seq_len, query_start_loc_cpu=h.query_start_loc,
-            seq_lens_cpu=h.seq_lens, block_tables_cpu=h.block_tables, cuda_graph=cuda_graph)
+            num_seqs=arrays.num_seqs,
+            num_tokens=arrays.num_tokens,
+            query_start_loc=d.query_start_loc,
+            seq_lens=d.seq_lens,
+            block_tables=d.block_tables,
+            slot_mapping=d.slot_mapping,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            query_start_loc_cpu=h.query_start_loc,
+            seq_lens_cpu=h.seq_lens,
+            block_tables_cpu=h.block_tables,
+            cuda_graph=cuda_graph,
+        )
         self.backend.prepare(meta)
         return meta
 
@@ -399,20 +436,35 @@ class ModelRunner:
         self._last_seqs = [s if j == s.index else None for s, j, _ in rows]
         if not first_rows:
             h.logits_indices[: len(rows)] = logits_indices
-            h.logits_indices[len(rows):] = prompt_lp_indices
+            h.logits_indices[len(rows) :] = prompt_lp_indices
         h.prompt_lp_targets[:] = prompt_lp_targets
-        sampling = SamplingTensors.build(rows, self.model_cfg.vocab_size, self.device,
-                                         (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)))
+        sampling = SamplingTensors.build(
+            rows,
+            self.model_cfg.vocab_size,
+            self.device,
+            (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)),
+        )
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
         meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph is not None)
-        return StepInputs(arrays=arrays, graph=graph, meta=meta, rows=rows, width=width,
-                          starts=starts.tolist(), sampling=sampling, num_pending=num_pending, pending_in_order=in_order,
-                          first_rows=first_rows, one_row_each=len(rows) == num_seqs and all(width),
-                          prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1)
+        return StepInputs(
+            arrays=arrays,
+            graph=graph,
+            meta=meta,
+            rows=rows,
+            width=width,
+            starts=starts.tolist(),
+            sampling=sampling,
+            num_pending=num_pending,
+            pending_in_order=in_order,
+            first_rows=first_rows,
+            one_row_each=len(rows) == num_seqs and all(width),
+            prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1,
+        )
 
-    def _pending_tokens(self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence],
-                        t: _Tokens) -> tuple[int, bool]:
+    def _pending_tokens(
+        self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence], t: _Tokens
+    ) -> tuple[int, bool]:
         """The input tokens sampled by the previous step, not yet on the host (copied on the device from its
         output): how many, and whether they are simply its rows in order (the batch is the previous one,
         decoding); otherwise their positions and rows are written to pending_dst / pending_src."""
@@ -456,8 +508,9 @@ def _token_layout(num_tokens: list[int], starts: np.ndarray, arange: np.ndarray)
     return _Tokens(total, False, max(num_tokens), starts + counts, qsl, seq_of_token, positions)
 
 
-def _sampling_rows(seqs: list[Sequence], seq_lens: np.ndarray,
-                   qsl: np.ndarray) -> tuple[list[tuple[Sequence, int, int]], list[int], np.ndarray]:
+def _sampling_rows(
+    seqs: list[Sequence], seq_lens: np.ndarray, qsl: np.ndarray
+) -> tuple[list[tuple[Sequence, int, int]], list[int], np.ndarray]:
     """The sampling rows: every sequence whose last known token is in this step samples one token, and a
     first draw of an n > 1 request samples n (it forks into n sequences afterwards). Returns the rows
     (sequence, sample index, output position), each sequence's count of them and the rows' token indices."""
@@ -479,8 +532,9 @@ def _sampling_rows(seqs: list[Sequence], seq_lens: np.ndarray,
     return rows, width, np.repeat(qsl[1:] - 1, width)
 
 
-def _prompt_logprob_rows(seqs: list[Sequence], starts: np.ndarray, seq_lens: np.ndarray,
-                         qsl: np.ndarray) -> tuple[list[int], list[int], int]:
+def _prompt_logprob_rows(
+    seqs: list[Sequence], starts: np.ndarray, seq_lens: np.ndarray, qsl: np.ndarray
+) -> tuple[list[int], list[int], int]:
     """For the requests that asked for prompt logprobs: the token indices whose logits score a prompt
     token, those tokens, and the largest number of top logprobs asked (-1: none)."""
     indices, targets, k = [], [], -1
@@ -489,7 +543,7 @@ def _prompt_logprob_rows(seqs: list[Sequence], starts: np.ndarray, seq_lens: np.
             # logits at prompt position p score prompt token p + 1
             start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
             indices += range(qsl[i], qsl[i] + max(last - start, 0))
-            targets += s.token_ids[start + 1: last + 1]
+            targets += s.token_ids[start + 1 : last + 1]
             k = max(k, s.params.prompt_logprobs)
     return indices, targets, k
 
@@ -514,13 +568,22 @@ class InflightStep:
     """A step launched on the device. Its outputs are copied to pinned host memory behind the step's
     kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
 
-    def __init__(self, batch: ScheduledBatch, inputs: StepInputs, out: SamplerOutput,
-                 prompt_lp: tuple[torch.Tensor, torch.Tensor] | None, tokens_host: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        batch: ScheduledBatch,
+        inputs: StepInputs,
+        out: SamplerOutput,
+        prompt_lp: tuple[torch.Tensor, torch.Tensor] | None,
+        tokens_host: torch.Tensor | None,
+    ) -> None:
         """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
         self.batch, self.inputs = batch, inputs
         to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
         tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
-        self._host = [tokens, *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None))))]
+        self._host = [
+            tokens,
+            *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None)))),
+        ]
         self._done = None
         if out.token_ids.is_cuda:
             self._done = torch.cuda.Event()
@@ -562,8 +625,9 @@ class InflightStep:
                     start = inputs.starts[i]
                     count = max(min(start + batch.num_tokens[i], s.num_prompt_tokens - 1) - start, 0)
                     k = 1 + s.params.prompt_logprobs
-                    prompt_logprobs[i] = [dict(zip(prompt_ids[r + j][:k], prompt_vals[r + j][:k]))
-                                          for j in range(count)]
+                    prompt_logprobs[i] = [
+                        dict(zip(prompt_ids[r + j][:k], prompt_vals[r + j][:k])) for j in range(count)
+                    ]
                     r += count
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 

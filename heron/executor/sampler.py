@@ -94,8 +94,13 @@ class SamplingTensors:
     need_top_p: bool | None = None  # some sampled row has top_p < 1
 
     @classmethod
-    def build(cls, rows: list[tuple[Sequence, int, int]], vocab: int, dev: torch.device,
-              staging: tuple[np.ndarray, np.ndarray, tuple[torch.Tensor, ...]] | None = None) -> SamplingTensors:
+    def build(
+        cls,
+        rows: list[tuple[Sequence, int, int]],
+        vocab: int,
+        dev: torch.device,
+        staging: tuple[np.ndarray, np.ndarray, tuple[torch.Tensor, ...]] | None = None,
+    ) -> SamplingTensors:
         """rows: (sequence, sample index, output position) for each token to sample. `staging`: the model
         runner's host arrays float32 [3, S] and int64 [3, S] and the device views of their first len(rows)
         columns, row by row (temperature, top_p, min_p, top_k, seed, counter); the six per-row arrays are
@@ -136,8 +141,12 @@ class SamplingTensors:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
         bias_cols = list(zip(*bias)) if bias else None
         return cls(
-            temperature=dev_rows[0], top_p=dev_rows[1], min_p=dev_rows[2],
-            top_k=dev_rows[3], seeds=dev_rows[4], counters=dev_rows[5],
+            temperature=dev_rows[0],
+            top_p=dev_rows[1],
+            min_p=dev_rows[2],
+            top_k=dev_rows[3],
+            seeds=dev_rows[4],
+            counters=dev_rows[5],
             presence_penalty=f32([p.presence_penalty for p in params]) if penalized else None,
             frequency_penalty=f32([p.frequency_penalty for p in params]) if penalized else None,
             repetition_penalty=f32([p.repetition_penalty for p in params]) if penalized else None,
@@ -227,7 +236,7 @@ def topk_values(x: torch.Tensor, k: int, chunk: int | None = None) -> torch.Tens
     if n < 4 or rows > TOPK_TWO_ROUND_MAX_ROWS:
         return x.topk(k, dim=-1).values
     head = x[:, : n * chunk].reshape(rows, n, chunk).topk(k, dim=-1, sorted=False).values.reshape(rows, n * k)
-    return torch.cat([head, x[:, n * chunk:]], dim=1).topk(k, dim=-1).values
+    return torch.cat([head, x[:, n * chunk :]], dim=1).topk(k, dim=-1).values
 
 
 def _row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
@@ -237,8 +246,9 @@ def _row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.float() * inv_t[:, None], dim=-1)
 
 
-def _top_p_thresholds(logits: torch.Tensor, top: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      inv_t: torch.Tensor) -> torch.Tensor:
+def _top_p_thresholds(
+    logits: torch.Tensor, top: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, inv_t: torch.Tensor
+) -> torch.Tensor:
     vocab, num_cand = logits.shape[1], top.shape[1]
     rank = torch.arange(num_cand, device=logits.device)
     scaled = (top * inv_t[:, None]).masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
@@ -256,8 +266,9 @@ def _top_p_thresholds(logits: torch.Tensor, top: torch.Tensor, top_k: torch.Tens
     return torch.where(top_p < 1.0, cut, torch.full_like(cut, float("-inf")))
 
 
-def _nucleus(values: torch.Tensor, scaled: torch.Tensor, lse: torch.Tensor,
-             top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _nucleus(
+    values: torch.Tensor, scaled: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """values [R, C] descending and their scaled (masked) logits -> (tokens kept, cut-off value) per row."""
     probs = torch.exp(scaled - lse[:, None])
     before = torch.cumsum(probs, dim=-1)
@@ -266,8 +277,13 @@ def _nucleus(values: torch.Tensor, scaled: torch.Tensor, lse: torch.Tensor,
     return n_keep, values.gather(1, (n_keep - 1)[:, None])[:, 0]
 
 
-def sample_tokens_torch(logits: torch.Tensor, temperature: torch.Tensor, thresholds: torch.Tensor | None,
-                        seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+def sample_tokens_torch(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    thresholds: torch.Tensor | None,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+) -> torch.Tensor:
     """The draw in PyTorch ([R, V] temporaries): the reference for heron.kernels.sampling.sample_tokens,
     which computes the same tokens in one pass. Greedy rows (temperature 0): argmax of the logits; others:
     argmax over tokens with logit >= threshold of logit * (1 / T) + Gumbel noise; lowest id on ties."""
@@ -309,8 +325,7 @@ class Sampler:
         """logits [R, V] float32 -> sampled ids; logprobs come from the raw logits, as in vLLM."""
         raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32) if t.max_logprobs >= 0 else None
         if t.bias_rows is not None:
-            logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values.to(logits.dtype),
-                                      accumulate=True)
+            logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values.to(logits.dtype), accumulate=True)
         if t.repetition_penalty is not None:
             logits = apply_penalties(logits, t)
         if t.all_greedy:

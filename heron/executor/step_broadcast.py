@@ -72,15 +72,30 @@ class StepSender:
     def __init__(self, pipes: Pipes) -> None:
         self.pipes = pipes
 
-    def send(self, batch: ScheduledBatch, arrays: StepArrays, graph: bool, meta: AttentionMetadata,
-             logits_rows: torch.Tensor | int) -> None:
+    def send(
+        self,
+        batch: ScheduledBatch,
+        arrays: StepArrays,
+        graph: bool,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor | int,
+    ) -> None:
         """The header and host lengths over the pipes, then the step's device inputs in one broadcast (the
         padded rows of a graph's batch too: the graph reads all of them). `graph`: a captured graph runs
         the step; its key is the arrays' padded counts, which the header carries anyway."""
         first = logits_rows if isinstance(logits_rows, int) else -1
         moves = (batch.swap_out, batch.swap_in, batch.block_copies)
-        head = header(Msg.STEP, arrays.num_tokens, arrays.num_seqs, int(graph), meta.max_query_len,
-                      meta.max_seq_len, len(arrays.dev.logits_indices), first, *map(len, moves))
+        head = header(
+            Msg.STEP,
+            arrays.num_tokens,
+            arrays.num_seqs,
+            int(graph),
+            meta.max_query_len,
+            meta.max_seq_len,
+            len(arrays.dev.logits_indices),
+            first,
+            *map(len, moves),
+        )
         pairs = np.asarray([p for m in moves for p in m], dtype=np.int64).reshape(-1)
         self.pipes.post(np.concatenate([head, arrays.np.query_start_loc, arrays.np.seq_lens, pairs]))
         dist.broadcast(arrays.shared, src=0)
@@ -108,11 +123,12 @@ def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
     num_tokens, num_seqs, graph, max_query_len, max_seq_len, num_logits, first, *num_moves = fields
     arrays = runner.buffers.arrays(num_tokens, num_seqs, num_logits)
     arrays.np.query_start_loc[:] = rest[: num_seqs + 1]
-    arrays.np.seq_lens[:] = rest[num_seqs + 1: 2 * num_seqs + 1]
-    pairs = rest[2 * num_seqs + 1:].reshape(-1, 2).tolist()
+    arrays.np.seq_lens[:] = rest[num_seqs + 1 : 2 * num_seqs + 1]
+    pairs = rest[2 * num_seqs + 1 :].reshape(-1, 2).tolist()
     ends = np.cumsum(num_moves).tolist()
-    runner._move_blocks(ScheduledBatch(swap_out=pairs[: ends[0]], swap_in=pairs[ends[0]: ends[1]],
-                                       block_copies=pairs[ends[1]:]))
+    runner._move_blocks(
+        ScheduledBatch(swap_out=pairs[: ends[0]], swap_in=pairs[ends[0] : ends[1]], block_copies=pairs[ends[1] :])
+    )
     dist.broadcast(arrays.shared, src=0)
     key = (num_tokens, num_seqs) if graph else None
     meta = runner._metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)

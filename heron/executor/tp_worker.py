@@ -67,8 +67,12 @@ class TPWorkers:
         try:
             for rank in range(1, size):
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker_main, name=f"heron-tp{rank}", daemon=True,
-                                   args=(rank, size, init_method, self.backend, config, reader, threads))
+                proc = ctx.Process(
+                    target=_worker_main,
+                    name=f"heron-tp{rank}",
+                    daemon=True,
+                    args=(rank, size, init_method, self.backend, config, reader, threads),
+                )
                 proc.start()
                 reader.close()  # only the worker holds the read end: its EOF then means rank 0 is gone
                 self.procs.append(proc)
@@ -170,11 +174,13 @@ def _check(size: int, model_cfg: TransformerConfig, device: torch.device) -> Non
     model_cfg.heads_per_rank(size)
     if device.type == "cuda":
         if device.index not in (None, 0):
-            raise ValueError(f"with tensor_parallel_size > 1, rank r runs on cuda:r: pass device='cuda', "
-                             f"not {str(device)!r}.")
+            raise ValueError(
+                f"with tensor_parallel_size > 1, rank r runs on cuda:r: pass device='cuda', not {str(device)!r}."
+            )
         if size > torch.cuda.device_count():
-            raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs, but {torch.cuda.device_count()} "
-                             f"are visible.")
+            raise ValueError(
+                f"tensor_parallel_size={size} needs {size} GPUs, but {torch.cuda.device_count()} are visible."
+            )
 
 
 def _free_port() -> int:
@@ -202,8 +208,9 @@ def _min_over_ranks(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def _worker_main(rank: int, size: int, init_method: str, backend: str, config: EngineConfig, conn: Connection,
-                 threads: int) -> None:
+def _worker_main(
+    rank: int, size: int, init_method: str, backend: str, config: EngineConfig, conn: Connection, threads: int
+) -> None:
     """A worker process: join the group, build this rank's runner, offer its KV budget, serve steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
     threading.Thread(target=_exit_with_parent, daemon=True).start()

@@ -20,8 +20,9 @@ BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
-                         FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr, FIX_BF16: tl.constexpr, PDL: tl.constexpr
+):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -47,6 +48,14 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if rows > 0 and inter > 0:
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
-            x2, o2, inter, x2.stride(0), o2.stride(0), BLOCK=block, FIX_BF16=fix_bf16(),
-            num_warps=4 if block >= 512 else 1, **pdl_options(x.device, rows))
+            x2,
+            o2,
+            inter,
+            x2.stride(0),
+            o2.stride(0),
+            BLOCK=block,
+            FIX_BF16=fix_bf16(),
+            num_warps=4 if block >= 512 else 1,
+            **pdl_options(x.device, rows),
+        )
     return out

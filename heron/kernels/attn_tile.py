@@ -21,10 +21,26 @@ def tile_blocks(bt_row_ptr, n0, kv_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, n0, kv_len,
-                stride_cblk, stride_coff, qk_scale,
-                HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+def attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    blk,
+    kv_head_off,
+    n0,
+    kv_len,
+    stride_cblk,
+    stride_coff,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1, those
     n >= kv_len masked (and not loaded); blk: their cache blocks (`tile_blocks`). PRECISION: tl.dot's
     input_precision; "ieee" for a float32 cache, whose default would be TF32."""
@@ -60,4 +76,3 @@ def dot_precision(dtype) -> str:
     import torch
 
     return "ieee" if dtype == torch.float32 else "tf32"
-

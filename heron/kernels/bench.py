@@ -37,7 +37,7 @@ def _batch(seq_lens, block_size, num_kv_heads, head_dim, device, gen):
     tables = torch.zeros(len(seq_lens), max(needed), dtype=torch.int32)
     used = 0
     for i, n in enumerate(needed):
-        tables[i, :n] = perm[used:used + n].to(torch.int32)
+        tables[i, :n] = perm[used : used + n].to(torch.int32)
         used += n
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=torch.bfloat16)
     return cache, tables.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device)
@@ -82,8 +82,10 @@ def _decode_call(batch: int, lens: tuple[int, int], seed: int, shape: tuple[int,
     def call(cfg: dict) -> torch.Tensor:
         cfg = dict(cfg)
         ordered = cfg.pop("longest_first", False)
-        return paged_decode_attention(q, cache, tables, lens_t, head_dim ** -0.5, out=out,
-                                      order=order if ordered else None, **cfg)
+        return paged_decode_attention(
+            q, cache, tables, lens_t, head_dim**-0.5, out=out, order=order if ordered else None, **cfg
+        )
+
     return call, kv_bytes, seq_lens
 
 
@@ -95,13 +97,21 @@ def _decode_configs(default_p: int) -> list[dict]:
     """The decode sweep: P / 2, P and 2P partitions, tiles of 32-128 keys, 4/8 warps, 2/3 stages; launched as the
     triton backend launches them (longest first, KV heads innermost, at <= 2 partitions)."""
     parts = sorted({max(1, default_p // 2), default_p, 2 * default_p})
-    return [dict(num_partitions=p, block_n=bn, num_warps=w, num_stages=s,
-                 **(dict(longest_first=True, heads_first=True) if p <= 2 else {}))
-            for p, bn, w, s in itertools.product(parts, (32, 64, 128), (4, 8), (2, 3))]
+    return [
+        dict(
+            num_partitions=p,
+            block_n=bn,
+            num_warps=w,
+            num_stages=s,
+            **(dict(longest_first=True, heads_first=True) if p <= 2 else {}),
+        )
+        for p, bn, w, s in itertools.product(parts, (32, 64, 128), (4, 8), (2, 3))
+    ]
 
 
-def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024,
-                 max_len=2048, sweep=False, seed=0):
+def bench_decode(
+    batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, min_len=1024, max_len=2048, sweep=False, seed=0
+):
     import functools
 
     from heron.kernels.paged_decode import default_num_partitions
@@ -110,11 +120,14 @@ def bench_decode(batch=64, num_heads=32, num_kv_heads=8, head_dim=128, block_siz
     build = functools.partial(_decode_call, batch, (min_len, max_len), seed, shape)
     call, kv_bytes, seq_lens = build()
     default_p = default_num_partitions(batch, num_kv_heads, torch.device("cuda"))
-    print(f"decode B={batch} H={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
-          f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
-          f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}")
-    configs = [dict(num_partitions=None, longest_first=lf, heads_first=hf) for hf in (False, True)
-               for lf in (False, True)]
+    print(
+        f"decode B={batch} H={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
+        f"len {min_len}-{max_len} (mean {sum(seq_lens) / batch:.0f}): K/V {kv_bytes / 1e6:.1f} MB, "
+        f"at 4.0 TB/s {kv_bytes / 4.0e12 * 1e6:.1f} us; default P={default_p}"
+    )
+    configs = [
+        dict(num_partitions=None, longest_first=lf, heads_first=hf) for hf in (False, True) for lf in (False, True)
+    ]
     if sweep:
         configs += _decode_configs(default_p)
         _compile_ahead(functools.partial(_decode_kernel_call, build), configs)
@@ -148,7 +161,7 @@ def _prefill_call(prefix: list[int], q_len: int, seed: int, shape: tuple[int, in
     cache, tables, lens = _batch([n + q_len for n in prefix], block_size, num_kv_heads, head_dim, dev, gen)
     qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32, device=dev)
     q = torch.randn(b * q_len, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
-    out, scale = torch.empty_like(q), head_dim ** -0.5
+    out, scale = torch.empty_like(q), head_dim**-0.5
     return lambda cfg: paged_prefill_attention(q, cache, tables, lens, qsl, q_len, scale, out=out, **cfg)
 
 
@@ -172,15 +185,18 @@ def bench_prefill(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, swe
         build = functools.partial(_prefill_call, prefix, q_len, seed, shape)
         configs = [dict()]
         if sweep:
-            configs += [dict(block_m=m, block_n=n, num_warps=w, num_stages=s, maxnreg=128 if w == 8 else 255)
-                        for m, n, w, s in itertools.product([64, 128, 256], [16, 32, 64], [4, 8], [3, 4])]
+            configs += [
+                dict(block_m=m, block_n=n, num_warps=w, num_stages=s, maxnreg=128 if w == 8 else 255)
+                for m, n, w, s in itertools.product([64, 128, 256], [16, 32, 64], [4, 8], [3, 4])
+            ]
             _compile_ahead(build, configs)
         _time_configs(configs, build(), lambda t: f"{flops / t / 1e12:6.1f} TFLOP/s", iters=10, best=sweep)
         if not any(prefix):
             qs = torch.randn(b, num_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
             ks = torch.randn(b, num_kv_heads, q_len, head_dim, device=dev, dtype=torch.bfloat16)
-            t = _time_graph(lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True),
-                            iters=10)
+            t = _time_graph(
+                lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True), iters=10
+            )
             print(f"  torch SDPA (contiguous K/V, for scale): {t * 1e6:8.1f} us  {flops / t / 1e12:6.1f} TFLOP/s")
 
 
@@ -204,10 +220,19 @@ def _reference_meta(seq_lens: list[int], q_len: int, tables: torch.Tensor):
     b, dev = len(seq_lens), tables.device
     qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
-    return AttentionMetadata(num_seqs=b, num_tokens=b * q_len, query_start_loc=qsl.to(dev), seq_lens=lens.to(dev),
-                             block_tables=tables, slot_mapping=torch.empty(0, dtype=torch.int64, device=dev),
-                             max_query_len=q_len, max_seq_len=max(seq_lens), query_start_loc_cpu=qsl,
-                             seq_lens_cpu=lens, block_tables_cpu=tables.cpu())
+    return AttentionMetadata(
+        num_seqs=b,
+        num_tokens=b * q_len,
+        query_start_loc=qsl.to(dev),
+        seq_lens=lens.to(dev),
+        block_tables=tables,
+        slot_mapping=torch.empty(0, dtype=torch.int64, device=dev),
+        max_query_len=q_len,
+        max_seq_len=max(seq_lens),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=lens,
+        block_tables_cpu=tables.cpu(),
+    )
 
 
 def _fi_pages(seq_lens: list[int], tables: torch.Tensor, block_size: int):
@@ -227,12 +252,26 @@ def _fi_decode(fi, workspace, q, cache, pages, scale, tensor_cores: bool):
     indptr, indices, last = pages
     b, dev = len(last), q.device
     wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+        workspace,
+        "NHD",
+        use_cuda_graph=True,
+        use_tensor_cores=tensor_cores,
         paged_kv_indptr_buffer=torch.empty(b + 1, dtype=torch.int32, device=dev),
         paged_kv_indices_buffer=torch.empty_like(indices),
-        paged_kv_last_page_len_buffer=torch.empty(b, dtype=torch.int32, device=dev))
-    wrapper.plan(indptr, indices, last, q.shape[1], cache.shape[3], q.shape[2], cache.shape[2],
-                 q_data_type=q.dtype, kv_data_type=cache.dtype, sm_scale=scale)
+        paged_kv_last_page_len_buffer=torch.empty(b, dtype=torch.int32, device=dev),
+    )
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        q.shape[1],
+        cache.shape[3],
+        q.shape[2],
+        cache.shape[2],
+        q_data_type=q.dtype,
+        kv_data_type=cache.dtype,
+        sm_scale=scale,
+    )
     out = torch.empty_like(q)
     return lambda: wrapper.run(q, (cache[0], cache[1]), out=out), out
 
@@ -240,8 +279,18 @@ def _fi_decode(fi, workspace, q, cache, pages, scale, tensor_cores: bool):
 def _fi_prefill(fi, workspace, q, cache, pages, qsl_cpu, scale):
     """A call of FlashInfer's causal paged prefill, planned once; returns (call, its output)."""
     wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-    wrapper.plan(qsl_cpu, *pages, q.shape[1], cache.shape[3], q.shape[2], cache.shape[2], causal=True,
-                 q_data_type=q.dtype, kv_data_type=cache.dtype, sm_scale=scale)
+    wrapper.plan(
+        qsl_cpu,
+        *pages,
+        q.shape[1],
+        cache.shape[3],
+        q.shape[2],
+        cache.shape[2],
+        causal=True,
+        q_data_type=q.dtype,
+        kv_data_type=cache.dtype,
+        sm_scale=scale,
+    )
     out = torch.empty_like(q)
     return lambda: wrapper.run(q, (cache[0], cache[1]), out=out), out
 
@@ -268,9 +317,18 @@ def _measure(what: str, fn):
         return None
 
 
-def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32, num_kv_heads: int = 8,
-                        head_dim: int = 128, block_size: int = 16, min_len: int = 1024, max_len: int = 2048,
-                        new_tokens: int = 256, seed: int = 0) -> dict:
+def bench_vs_flashinfer(
+    save: bool = False,
+    batch: int = 64,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    block_size: int = 16,
+    min_len: int = 1024,
+    max_len: int = 2048,
+    new_tokens: int = 256,
+    seed: int = 0,
+) -> dict:
     """Issue 4's `kernels` benchmark, on one set of inputs per case. Decode: B sequences with contexts uniform
     in [min_len, max_len], one query each: our split-KV kernel, FlashInfer's decode (CUDA-core and
     tensor-core kinds, as our backend runs them in a CUDA graph; the faster one is "FlashInfer") and the
@@ -290,19 +348,25 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
         import flashinfer as fi
     except ImportError as e:
         fi = None
-        print(f"FlashInfer is not importable ({e}): timing ours and the PyTorch reference only, saving nothing. "
-              "Install flashinfer-python==0.6.18.post1 (pip install 'heron[flashinfer]').")
+        print(
+            f"FlashInfer is not importable ({e}): timing ours and the PyTorch reference only, saving nothing. "
+            "Install flashinfer-python==0.6.18.post1 (pip install 'heron[flashinfer]')."
+        )
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(seed)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ctx = torch.randint(min_len, max_len + 1, (batch,), generator=gen).tolist()
-    m: dict = {"shape": f"B {batch}, {num_heads}/{num_kv_heads} heads, D {head_dim}, block {block_size}, bf16, "
-                        f"context U[{min_len}, {max_len}] (mean {sum(ctx) / batch:.0f}), prefill +{new_tokens}",
-               "flashinfer_version": fi.__version__ if fi else None}
+    m: dict = {
+        "shape": f"B {batch}, {num_heads}/{num_kv_heads} heads, D {head_dim}, block {block_size}, bf16, "
+        f"context U[{min_len}, {max_len}] (mean {sum(ctx) / batch:.0f}), prefill +{new_tokens}",
+        "flashinfer_version": fi.__version__ if fi else None,
+    }
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=dev) if fi else None
     if fi:
-        print("FlashInfer JIT-compiles each kernel on first use (minutes without a carried cache: "
-              "benchmarks/flashinfer_cache.sh)")
+        print(
+            "FlashInfer JIT-compiles each kernel on first use (minutes without a carried cache: "
+            "benchmarks/flashinfer_cache.sh)"
+        )
 
     print(f"decode: {m['shape']}")
     cache, tables, lens = _batch(ctx, block_size, num_kv_heads, head_dim, dev, gen)
@@ -319,6 +383,7 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
     if fi:
         pages = _fi_pages(ctx, tables, block_size)
         for kind, tensor_cores in (("cuda_cores", False), ("tensor_cores", True)):
+
             def run(tensor_cores=tensor_cores):
                 fn, out = _fi_decode(fi, workspace, q, cache, pages, scale, tensor_cores)
                 t = _time_graph(fn)
@@ -326,6 +391,7 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
                 _agree(f"flashinfer {kind} - torch ref", out, ref)
                 m[f"decode_max_abs_diff_vs_flashinfer_{kind}"] = (out.float() - ours.float()).abs().max().item()
                 return t
+
             fi_times[kind] = _measure(f"flashinfer decode ({kind})", run)
             m[f"decode_us_flashinfer_{kind}"] = fi_times[kind] * 1e6 if fi_times[kind] else None
     t_fi = min((t for t in fi_times.values() if t), default=None)
@@ -338,8 +404,10 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
     q = torch.randn(batch * new_tokens, num_heads, head_dim, device=dev, dtype=torch.bfloat16)
     meta = _reference_meta(seq_lens, new_tokens, tables)
     ours = torch.empty_like(q)
-    t_ours = _time_graph(lambda: paged_prefill_attention(q, cache, tables, lens, meta.query_start_loc, new_tokens,
-                                                         scale, out=ours), iters=10)
+    t_ours = _time_graph(
+        lambda: paged_prefill_attention(q, cache, tables, lens, meta.query_start_loc, new_tokens, scale, out=ours),
+        iters=10,
+    )
     ref = paged_attention_batched(q, cache, meta, scale)
     _agree("heron - torch ref", ours, ref)
     keys = sum(new_tokens * n + new_tokens * (new_tokens + 1) // 2 for n in ctx)  # causal: query t sees n + t + 1
@@ -347,25 +415,47 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
     m.update(prefill_us_heron=t_ours * 1e6, prefill_TFLOPs_heron=flops / t_ours / 1e12)
     t_fi = None
     if fi:
+
         def run():
-            fn, out = _fi_prefill(fi, workspace, q, cache, _fi_pages(seq_lens, tables, block_size),
-                                  meta.query_start_loc_cpu, scale)
+            fn, out = _fi_prefill(
+                fi, workspace, q, cache, _fi_pages(seq_lens, tables, block_size), meta.query_start_loc_cpu, scale
+            )
             t = _time_graph(fn, iters=10)
             _agree("flashinfer - heron", out, ours)
             _agree("flashinfer - torch ref", out, ref)
             m["prefill_max_abs_diff_vs_flashinfer"] = (out.float() - ours.float()).abs().max().item()
             return t
-        t_fi = _measure("flashinfer prefill", run)
-    m.update(prefill_us_flashinfer=t_fi * 1e6 if t_fi else None,
-             prefill_TFLOPs_flashinfer=flops / t_fi / 1e12 if t_fi else None,
-             prefill_ratio_vs_flashinfer=t_ours / t_fi if t_fi else None)
 
-    rows = [("decode", m["decode_us_heron"], m["decode_us_flashinfer"], m["decode_ratio_vs_flashinfer"],
-             m["decode_us_torch_ref"], f"{m['decode_kv_TBps']:.2f} TB/s K/V"),
-            ("prefill", m["prefill_us_heron"], m["prefill_us_flashinfer"], m["prefill_ratio_vs_flashinfer"], None,
-             f"{m['prefill_TFLOPs_heron']:.0f} TFLOP/s")]
-    print(format_table(rows, ("case", "heron us", "flashinfer us", "ratio (target <= 1.2)", "torch ref us",
-                              "heron achieved")))
+        t_fi = _measure("flashinfer prefill", run)
+    m.update(
+        prefill_us_flashinfer=t_fi * 1e6 if t_fi else None,
+        prefill_TFLOPs_flashinfer=flops / t_fi / 1e12 if t_fi else None,
+        prefill_ratio_vs_flashinfer=t_ours / t_fi if t_fi else None,
+    )
+
+    rows = [
+        (
+            "decode",
+            m["decode_us_heron"],
+            m["decode_us_flashinfer"],
+            m["decode_ratio_vs_flashinfer"],
+            m["decode_us_torch_ref"],
+            f"{m['decode_kv_TBps']:.2f} TB/s K/V",
+        ),
+        (
+            "prefill",
+            m["prefill_us_heron"],
+            m["prefill_us_flashinfer"],
+            m["prefill_ratio_vs_flashinfer"],
+            None,
+            f"{m['prefill_TFLOPs_heron']:.0f} TFLOP/s",
+        ),
+    ]
+    print(
+        format_table(
+            rows, ("case", "heron us", "flashinfer us", "ratio (target <= 1.2)", "torch ref us", "heron achieved")
+        )
+    )
     print("flashinfer decode kinds (us):", {k: m.get(f"decode_us_flashinfer_{k}") for k in fi_times})
     result = make_result("kernels", m, dev, command=shlex.join(["python", "-m", "heron.kernels.bench", *sys.argv[1:]]))
     if save and fi:
@@ -375,12 +465,21 @@ def bench_vs_flashinfer(save: bool = False, batch: int = 64, num_heads: int = 32
 
 # Decode weight GEMMs: model -> (decoder layers, [(name, N, K)] of one layer, the LM head's (name, N, K)).
 GEMV_MODELS = {
-    "Qwen3-0.6B": (28, [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)],
-                   ("lm_head", 151936, 1024)),
-    "Llama-3.1-8B": (32, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
-                          ("down", 4096, 14336)], ("lm_head", 128256, 4096)),
-    "Qwen3-8B": (36, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
-                 ("lm_head", 151936, 4096)),
+    "Qwen3-0.6B": (
+        28,
+        [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)],
+        ("lm_head", 151936, 1024),
+    ),
+    "Llama-3.1-8B": (
+        32,
+        [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+        ("lm_head", 128256, 4096),
+    ),
+    "Qwen3-8B": (
+        36,
+        [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
+        ("lm_head", 151936, 4096),
+    ),
 }
 GEMV_ROWS = (1, 8, 16, 32, 64, 128, 192, 200, 256)  # > 16: cuBLAS only (the offline run's decode batches)
 
@@ -413,7 +512,7 @@ def _weight_copies(n: int, k: int, dev: torch.device) -> list[torch.Tensor]:
     """Copies of an [N, K] bf16 weight, >= 256 MiB in all: a decode step reads every weight once from HBM, and
     replaying one small matrix would read it from the 50 MB L2 instead."""
     copies = max(1, min(64, -(-(256 << 20) // (2 * n * k))))
-    return [torch.randn(n, k, device=dev, dtype=torch.bfloat16).mul_(k ** -0.5) for _ in range(copies)]
+    return [torch.randn(n, k, device=dev, dtype=torch.bfloat16).mul_(k**-0.5) for _ in range(copies)]
 
 
 def _time_rotating(call, weights: list[torch.Tensor]) -> float:
@@ -436,10 +535,20 @@ def _gemv_candidates(m: int, n: int, k: int, sms: int) -> list:
         hi = next((s for s in ok if tiles * s >= 2 * sms), ok[-1])
         return [s for s in ok if lo <= s <= hi]
 
-    tiles = [(bn, bk, True) for bn in (32, 64, 128) for bk in (128, 256)] if m > 1 else \
-        [(bn, bk, False) for bn, bk in ((8, 512), (8, 1024), (16, 256), (16, 512), (32, 256))]
-    return [GemvConfig(bn, bk, s, w, st, dot) for bn, bk, dot in tiles if bk <= k for w in (4, 8)
-            for st in (2, 3, 4) if not dot or st * (bn + 16) * bk * 2 <= 200 << 10 for s in splits(bn, bk)]
+    tiles = (
+        [(bn, bk, True) for bn in (32, 64, 128) for bk in (128, 256)]
+        if m > 1
+        else [(bn, bk, False) for bn, bk in ((8, 512), (8, 1024), (16, 256), (16, 512), (32, 256))]
+    )
+    return [
+        GemvConfig(bn, bk, s, w, st, dot)
+        for bn, bk, dot in tiles
+        if bk <= k
+        for w in (4, 8)
+        for st in (2, 3, 4)
+        if not dot or st * (bn + 16) * bk * 2 <= 200 << 10
+        for s in splits(bn, bk)
+    ]
 
 
 def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: dict, best: dict) -> None:
@@ -452,8 +561,9 @@ def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: 
     nbytes, top_dot = 2 * n * k, []
     for m in (16, 8, 1):
         x = xs[m]
-        cands = (_gemv_candidates(16, n, k, sms) if m == 16 else top_dot[:6]) + \
-            (_gemv_candidates(1, n, k, sms) if m == 1 else [])
+        cands = (_gemv_candidates(16, n, k, sms) if m == 16 else top_dot[:6]) + (
+            _gemv_candidates(1, n, k, sms) if m == 1 else []
+        )
         results, failed = [], 0
         for cfg in cands:
             try:
@@ -498,8 +608,10 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
             for m in rows:
                 x = xs[m] = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 t_torch = _time_rotating(lambda w: F.linear(x, w), weights)
-                line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
-                        f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s")
+                line = (
+                    f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {nbytes / t_torch / 1e12:5.2f} TB/s "
+                    f"{2 * m * n * k / t_torch / 1e12:4.0f} TFLOP/s"
+                )
                 step[m][0] += count * t_torch
                 if m > MAX_M:  # cuBLASLt's heuristics pick other kernels than cuBLAS's
                     t_lt = _time_rotating(lambda w: linear_lt(x, w), weights)
@@ -511,8 +623,10 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
                     ref = F.linear(x.float(), weights[0].float())
                     diff = (gemv(x, weights[0]).float() - ref).abs().max().item()
                     assert diff < 2e-2 * ref.abs().max().item() + 1e-2, f"gemv disagrees with F.linear: {diff:.3g}"
-                    line += (f" | gemv {t * 1e6:8.1f} us {nbytes / t / 1e12:5.2f} TB/s x{t_torch / t:4.2f}"
-                             f" (max|diff| {diff:.2g}) {cfg}")
+                    line += (
+                        f" | gemv {t * 1e6:8.1f} us {nbytes / t / 1e12:5.2f} TB/s x{t_torch / t:4.2f}"
+                        f" (max|diff| {diff:.2g}) {cfg}"
+                    )
                     step[m][1] += count * t
                 print(line)
             if sweep and all(m in xs for m in (1, 8, 16)):
@@ -522,8 +636,10 @@ def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ..
             del weights
         print(f"{model}: the weight GEMMs of one decode step ({step_bytes / 1e9:.2f} GB)")
         for m, (t_torch, t_gemv, t_best) in step.items():
-            line = (f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {step_bytes / t_torch / 1e12:5.2f} TB/s "
-                    f"{m * step_bytes / t_torch / 1e12:6.1f} TFLOP/s")  # 2 FLOPs per 2-byte weight and row
+            line = (
+                f"  M={m:<3d} torch {t_torch * 1e6:8.1f} us {step_bytes / t_torch / 1e12:5.2f} TB/s "
+                f"{m * step_bytes / t_torch / 1e12:6.1f} TFLOP/s"
+            )  # 2 FLOPs per 2-byte weight and row
             if lt[m]:
                 line += f" | cublasLt {lt[m] * 1e6:8.1f} us"
             if t_gemv:
@@ -545,8 +661,11 @@ SAMPLING_VOCAB = 151936  # Qwen3's
 
 def _sampling_configs(splits: int) -> list[dict]:
     """The sweep's grid: 4 or 8 warps x half, once, twice and four times the default plan's splits."""
-    return [{"num_warps": w, "num_splits": s} for w in (4, 8) for s in sorted({max(1, splits // 2), splits,
-                                                                               2 * splits, 4 * splits})]
+    return [
+        {"num_warps": w, "num_splits": s}
+        for w in (4, 8)
+        for s in sorted({max(1, splits // 2), splits, 2 * splits, 4 * splits})
+    ]
 
 
 def bench_sampling(rows: tuple[int, ...] = SAMPLING_ROWS, vocab: int = SAMPLING_VOCAB, sweep: bool = False) -> None:
@@ -564,17 +683,22 @@ def bench_sampling(rows: tuple[int, ...] = SAMPLING_ROWS, vocab: int = SAMPLING_
     for r in rows:
         logits = torch.randn(r, vocab, device=dev, generator=gen) * 3
         temp = torch.full((r,), 0.6, device=dev)
-        seeds = torch.randint(-2**63, 2**63 - 1, (r,), device=dev, generator=gen)
+        seeds = torch.randint(-(2**63), 2**63 - 1, (r,), device=dev, generator=gen)
         ctrs = torch.randint(0, 2**40, (r,), device=dev, generator=gen)
         block, splits = default_plan(r, vocab, dev)
-        variants = {"no thr": None, "thr -inf": torch.full((r,), float("-inf"), device=dev),
-                    "top-k 50": logits.topk(50, dim=-1).values[:, -1].contiguous()}
+        variants = {
+            "no thr": None,
+            "thr -inf": torch.full((r,), float("-inf"), device=dev),
+            "top-k 50": logits.topk(50, dim=-1).values[:, -1].contiguous(),
+        }
         for name, thr in variants.items():
             ref = sample_tokens_torch(logits, temp, thr, seeds, ctrs)
             assert torch.equal(sample_tokens(logits, temp, thr, seeds, ctrs), ref), f"R={r} {name}: not the reference"
             t = _time_graph(lambda thr=thr: sample_tokens(logits, temp, thr, seeds, ctrs))
-            print(f"  R={r:<3d} {name:8s} {t * 1e6:8.1f} us {r * vocab / t / 1e9:6.1f} G elem/s"
-                  f"  (block {block}, {splits} splits, 4 warps)")
+            print(
+                f"  R={r:<3d} {name:8s} {t * 1e6:8.1f} us {r * vocab / t / 1e9:6.1f} G elem/s"
+                f"  (block {block}, {splits} splits, 4 warps)"
+            )
         if sweep:
             want = sample_tokens(logits, temp, None, seeds, ctrs)
             for cfg in _sampling_configs(splits):
@@ -587,19 +711,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--vs-flashinfer", action="store_true",
-                    help="the recorded `kernels` benchmark: ours against FlashInfer")
-    ap.add_argument("--save-result", action="store_true",
-                    help="with --vs-flashinfer: write benchmarks/results/kernels.json")
-    ap.add_argument("--gemv", action="store_true",
-                    help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)")
+    ap.add_argument(
+        "--vs-flashinfer", action="store_true", help="the recorded `kernels` benchmark: ours against FlashInfer"
+    )
+    ap.add_argument(
+        "--save-result", action="store_true", help="with --vs-flashinfer: write benchmarks/results/kernels.json"
+    )
+    ap.add_argument(
+        "--gemv",
+        action="store_true",
+        help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)",
+    )
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--decode-only", action="store_true", help="only the paged decode kernel (with --sweep: tune it)")
-    ap.add_argument("--sampling", action="store_true",
-                    help="the one-pass sampler on Qwen3's vocabulary (with --sweep: other warps / splits)")
+    ap.add_argument(
+        "--sampling",
+        action="store_true",
+        help="the one-pass sampler on Qwen3's vocabulary (with --sweep: other warps / splits)",
+    )
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
-    ap.add_argument("--rows", help="with --gemv / --sampling: comma-separated row counts (default: %s / %s)"
-                    % (",".join(map(str, GEMV_ROWS)), ",".join(map(str, SAMPLING_ROWS))))
+    ap.add_argument(
+        "--rows",
+        help=f"with --gemv / --sampling: comma-separated row counts (default: {','.join(map(str, GEMV_ROWS))} / "
+        f"{','.join(map(str, SAMPLING_ROWS))})",
+    )
     args = ap.parse_args()
     if args.sampling:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else SAMPLING_ROWS
@@ -617,8 +752,15 @@ def main() -> None:
         return
     if args.decode_only:  # the `kernels` benchmark's case, offline Qwen3-8B decode steps (batch ~200, ~100), and
         # the offline run's spread of contexts (prompts 100-1024 tokens plus 0-1024 generated)
-        for batch, lo, hi in ((args.batch, 1024, 2048), (200, 500, 1200), (100, 800, 1600), (200, 100, 2048),
-                              (100, 100, 2048), (80, 100, 2048), (48, 100, 2048)):
+        for batch, lo, hi in (
+            (args.batch, 1024, 2048),
+            (200, 500, 1200),
+            (100, 800, 1600),
+            (200, 100, 2048),
+            (100, 100, 2048),
+            (80, 100, 2048),
+            (48, 100, 2048),
+        ):
             bench_decode(batch=batch, min_len=lo, max_len=hi, sweep=args.sweep)
         return
     bench_decode(batch=args.batch, sweep=args.sweep)

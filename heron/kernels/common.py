@@ -24,22 +24,23 @@ def dot_upcast() -> bool:
 
 
 def check_cache(kv_cache: torch.Tensor) -> None:
-    assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2, \
+    assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2, (
         f"kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim], got {tuple(kv_cache.shape)}"
+    )
     assert kv_cache.stride(-1) == 1, "kv_cache needs a contiguous head_dim"
     head_dim, block_size = kv_cache.shape[-1], kv_cache.shape[2]
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, f"head_dim must be a power of two >= 16, got {head_dim}"
     assert block_size & (block_size - 1) == 0, f"block_size must be a power of two, got {block_size}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pdl(device: torch.device) -> bool:
     if device.type != "cuda" or torch.version.hip or interpreting() or os.environ.get("HERON_PDL", "1") == "0":
         return False

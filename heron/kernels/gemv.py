@@ -123,12 +123,40 @@ def _load(ptrs, mask):
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr,
-                 M, N, K, k_split, split_k, stride_xm, stride_wn, stride_om, stride_rm, stride_rom, eps,
-                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
-                 PRECISION: tl.constexpr, FIX_BF16: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    res_ptr,
+    nw_ptr,
+    res_out_ptr,
+    M,
+    N,
+    K,
+    k_split,
+    split_k,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    stride_rom,
+    eps,
+    M_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -166,8 +194,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
                 r = _load(res_ptr + r_offs + k0, k_mask).to(tl.float32)
                 h = round_to(h + r, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)  # as torch rounds x + r
                 if USE_DOT:
-                    tl.store(res_out_ptr + m[None, :] * stride_rom + k[:, None], h.to(res_out_ptr.dtype.element_ty),
-                             mask=(k < K)[:, None] & (m < M)[None, :] & writer)
+                    tl.store(
+                        res_out_ptr + m[None, :] * stride_rom + k[:, None],
+                        h.to(res_out_ptr.dtype.element_ty),
+                        mask=(k < K)[:, None] & (m < M)[None, :] & writer,
+                    )
                 else:
                     tl.store(res_out_ptr + k, h.to(res_out_ptr.dtype.element_ty), mask=(k < K) & writer)
             nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
@@ -206,16 +237,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, res_ptr, nw_
             return
         acc = tl.zeros([BLOCK_N, M_PAD], tl.float32)
         for s in range(split_k):  # in split order: the same sum whichever split arrived last
-            acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0,
-                           cache_modifier=".cg")
+            acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0, cache_modifier=".cg")
         tl.store(count_ptr + pid_n, 0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
-    tl.store(out_ptr + m[None, :] * stride_om + n[:, None], round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
-             mask=m_ok & (n < N)[:, None])
+    tl.store(
+        out_ptr + m[None, :] * stride_om + n[:, None],
+        round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
+        mask=m_ok & (n < N)[:, None],
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def default_config(m: int, n: int, k: int, elem_size: int, sms: int) -> GemvConfig:
     """The rule: M == 1 takes the FMA GEMV (16 rows x 1 KiB of K per tile), M > 1 the tensor-core one (64 rows
     x 256 B); split-K doubles while there are fewer than two programs per SM and each split keeps >= 2 tiles."""
@@ -237,17 +270,28 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     """Whether `gemv` takes this product: CUDA, 1..16 rows of x (a row-strided 2-D view is fine), a
     contiguous 2-D weight and bias of x's dtype (bf16, fp16 or fp32)."""
     k = x.shape[-1] if x.dim() else 0
-    return (x.is_cuda and x.dtype in DTYPES and weight.dtype == x.dtype and weight.dim() == 2
-            and weight.shape[1] == k > 0 and weight.shape[0] > 0 and weight.is_contiguous()
-            and 1 <= x.numel() // k <= MAX_M and x.stride(-1) == 1 and (x.dim() == 2 or x.is_contiguous())
-            and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1] and bias.is_contiguous())))
+    return (
+        x.is_cuda
+        and x.dtype in DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.shape[1] == k > 0
+        and weight.shape[0] > 0
+        and weight.is_contiguous()
+        and 1 <= x.numel() // k <= MAX_M
+        and x.stride(-1) == 1
+        and (x.dim() == 2 or x.is_contiguous())
+        and (bias is None or (bias.dtype == x.dtype and bias.shape == weight.shape[:1] and bias.is_contiguous()))
+    )
 
 
 def make_workspace(partials: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A split-K workspace: `partials` float32 partial sums (>= split_k * M_PAD * N rounded up to BLOCK_N) and
     `tiles` zeroed int32 arrival counters (>= ceil(N / BLOCK_N))."""
-    return (torch.empty(partials, dtype=torch.float32, device=device),
-            torch.zeros(tiles, dtype=torch.int32, device=device))
+    return (
+        torch.empty(partials, dtype=torch.float32, device=device),
+        torch.zeros(tiles, dtype=torch.int32, device=device),
+    )
 
 
 _shared: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -259,8 +303,10 @@ def _shared_workspace(partials: int, tiles: int, device: torch.device) -> tuple[
     if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tiles:
         return ws
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("gemv's split-K workspace would grow under CUDA-graph capture (its counters would be "
-                           "zeroed only by the graph): run the same shapes once eagerly before capturing")
+        raise RuntimeError(
+            "gemv's split-K workspace would grow under CUDA-graph capture (its counters would be "
+            "zeroed only by the graph): run the same shapes once eagerly before capturing"
+        )
     if ws is not None:
         _outgrown.append(ws)
         partials, tiles = max(partials, ws[0].numel()), max(tiles, ws[1].numel())
@@ -268,25 +314,39 @@ def _shared_workspace(partials: int, tiles: int, device: torch.device) -> tuple[
     return ws
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-         *, config: GemvConfig | None = None,
-         workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: GemvConfig | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
     [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
     (`make_workspace`) replaces the shared split-K workspace. No host sync; the grid is fixed by the shapes."""
     return _launch(x, weight, bias, out, config, workspace)
 
 
-def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  config: GemvConfig | None = None) -> torch.Tensor:
+def gemv_silu_mul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
     """F.linear(silu(x[..., :K]) * x[..., K:], weight, bias): SwiGLU's activation and down projection in one
     kernel; x [..., 2K] with <= 16 rows, weight [N, K]."""
     return _launch(x, weight, bias, None, config, None, prologue=1)
 
 
-def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                  weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gemv_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's RMSNorm (with the residual add) and the projection after it in one kernel:
     h = x + residual (x when residual is None), returns (F.linear(norm_weight * rmsnorm(h), weight, bias), h).
     x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype."""
@@ -295,15 +355,23 @@ def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
         return _launch(x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps)), x
     assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    y = _launch(x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps),
-                residual=(residual, residual_out))
+    y = _launch(
+        x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps), residual=(residual, residual_out)
+    )
     return y, residual_out
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-            config: GemvConfig | None, workspace: tuple[torch.Tensor, torch.Tensor] | None, prologue: int = 0,
-            norm: tuple[torch.Tensor, float] | None = None,
-            residual: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    config: GemvConfig | None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None,
+    prologue: int = 0,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     k = weight.shape[1]
     n = weight.shape[0]
     x_cols = 2 * k if prologue == 1 else k
@@ -329,10 +397,39 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
     _gemv_kernel[(tiles, cfg.split_k)](
-        x2, weight, bias if bias is not None else x2, out, part, count, res, norm_weight, res_out,
-        m, n, k, k_split, cfg.split_k, x2.stride(0), weight.stride(0), n, res.stride(0), res_out.stride(0), eps,
-        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.num_stages, USE_DOT=cfg.dot,
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, UPCAST=cfg.dot and dot_upcast(),
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FIX_BF16=fix_bf16(), PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        x2,
+        weight,
+        bias if bias is not None else x2,
+        out,
+        part,
+        count,
+        res,
+        norm_weight,
+        res_out,
+        m,
+        n,
+        k,
+        k_split,
+        cfg.split_k,
+        x2.stride(0),
+        weight.stride(0),
+        n,
+        res.stride(0),
+        res_out.stride(0),
+        eps,
+        M_PAD=m_pad,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        STAGES=cfg.num_stages,
+        USE_DOT=cfg.dot,
+        EVEN_K=k % cfg.block_k == 0,
+        HAS_BIAS=bias is not None,
+        UPCAST=cfg.dot and dot_upcast(),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        FIX_BF16=fix_bf16(),
+        PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return out

@@ -37,15 +37,44 @@ from heron.kernels.common import check_cache, dot_upcast, num_sms, pdl_enter, pd
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, order_ptr, out_ptr,
-                         part_o_ptr, part_m_ptr, part_l_ptr, count_ptr, qk_scale,
-                         stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                         stride_cblk, stride_coff, stride_ch,
-                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, G: tl.constexpr,
-                         G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         USE_QSL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                         HAS_ORDER: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr):
+def _paged_decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    order_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    count_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_cblk,
+    stride_coff,
+    stride_ch,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_PARTS: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+    USE_QSL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     if HEADS_FIRST:
         b = tl.program_id(1)
@@ -85,9 +114,26 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
     kv_head_off = kvh * stride_ch
     for t in range(t_begin, t_end):  # the kernel's num_stages pipelines the K/V loads (they feed dots)
         blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, blk, kv_head_off, t * BLOCK_N,
-                                    seq_len, stride_cblk, stride_coff, qk_scale,
-                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION)
+        acc, m_i, l_i = attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            blk,
+            kv_head_off,
+            t * BLOCK_N,
+            seq_len,
+            stride_cblk,
+            stride_coff,
+            qk_scale,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            UPCAST,
+            PRECISION,
+        )
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if NUM_PARTS == 1:
@@ -97,8 +143,7 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
         # Partials are [B, H, P, (D)] float32; l_i >= 1 in a partition that is not empty.
         base = (b * NUM_HEADS + heads) * NUM_PARTS  # [G_PAD]: partition 0 of each head
         wrote = g_ok & (t_begin < t_end)
-        tl.store(part_o_ptr + (base + part)[:, None] * HEAD_DIM + d[None, :], acc / l_i[:, None],
-                 mask=wrote[:, None])
+        tl.store(part_o_ptr + (base + part)[:, None] * HEAD_DIM + d[None, :], acc / l_i[:, None], mask=wrote[:, None])
         tl.store(part_m_ptr + base + part, m_i, mask=wrote)
         tl.store(part_l_ptr + base + part, l_i, mask=wrote)
         tl.debug_barrier()  # every thread's partials are issued before the release below
@@ -107,8 +152,12 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
             # The last to arrive: the partitions holding keys are the first ceil(num_tiles / tiles_per_part).
             num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_part, 1))
             p = tl.arange(0, PARTS_PAD)
-            m_all = tl.load(part_m_ptr + base[:, None] + p[None, :], mask=g_ok[:, None] & (p < num_valid)[None, :],
-                            other=float("-inf"), cache_modifier=".cg")
+            m_all = tl.load(
+                part_m_ptr + base[:, None] + p[None, :],
+                mask=g_ok[:, None] & (p < num_valid)[None, :],
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
             m_max = tl.max(m_all, 1)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no keys (a padded row): zeros below
             acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
@@ -117,8 +166,12 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, 
                 m_s = tl.load(part_m_ptr + base + s, mask=g_ok, other=float("-inf"), cache_modifier=".cg")
                 l_s = tl.load(part_l_ptr + base + s, mask=g_ok, other=0.0, cache_modifier=".cg")
                 w = l_s * tl.exp2(m_s - m_max)
-                o_s = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=g_ok[:, None],
-                              other=0.0, cache_modifier=".cg")
+                o_s = tl.load(
+                    part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                    mask=g_ok[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
                 acc += o_s * w[:, None]
                 denom += w
             out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
@@ -152,8 +205,9 @@ def default_block_n(block_size: int, num_partitions: int, elem_size: int) -> int
 DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def make_decode_workspace(batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, num_partitions: int,
-                          device: torch.device) -> DecodeWorkspace:
+def make_decode_workspace(
+    batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, num_partitions: int, device: torch.device
+) -> DecodeWorkspace:
     """Split-KV decode's float32 partials (out [B, H, P, D], max [B, H, P], sum [B, H, P]) and zeroed int32
     arrival counters [B, Hkv]. Allocate once (per batch size) and pass it in: a captured graph then keeps
     fixed addresses."""
@@ -163,12 +217,23 @@ def make_decode_workspace(batch_size: int, num_heads: int, num_kv_heads: int, he
     return part_o, part_m, part_l, torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
 
 
-def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                           seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
-                           num_partitions: int | None = None, query_start_loc: torch.Tensor | None = None,
-                           workspace: DecodeWorkspace | None = None, order: torch.Tensor | None = None,
-                           block_n: int | None = None, num_warps: int = 4,
-                           num_stages: int | None = None, heads_first: bool = False) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    num_partitions: int | None = None,
+    query_start_loc: torch.Tensor | None = None,
+    workspace: DecodeWorkspace | None = None,
+    order: torch.Tensor | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    heads_first: bool = False,
+) -> torch.Tensor:
     """Decode attention over the paged cache.
 
     q [B, H, D] (one query per sequence, row b is sequence b), or, with `query_start_loc` [B + 1] int32,
@@ -214,21 +279,51 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (num_kv_heads, batch, num_partitions) if heads_first else (batch, num_kv_heads, num_partitions)
     _paged_decode_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, qsl, rows, out, part_o, part_m, part_l, counts, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_PARTS=num_partitions,
-        PARTS_PAD=triton.next_power_of_2(num_partitions), USE_QSL=use_qsl, UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype), HAS_ORDER=order is not None, HEADS_FIRST=heads_first,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        qsl,
+        rows,
+        out,
+        part_o,
+        part_m,
+        part_l,
+        counts,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        G=group,
+        G_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        NUM_PARTS=num_partitions,
+        PARTS_PAD=triton.next_power_of_2(num_partitions),
+        USE_QSL=use_qsl,
+        UPCAST=dot_upcast(),
+        PRECISION=dot_precision(kv_cache.dtype),
+        HAS_ORDER=order is not None,
+        HEADS_FIRST=heads_first,
         num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
-        **pdl_options(q.device, q.shape[0]))
+        **pdl_options(q.device, q.shape[0]),
+    )
     return out
 
 
-def paged_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def paged_decode_ref(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """PyTorch reference: q [B, H, D], one query per sequence attending to all of its seq_lens[b] keys.
     Computed in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]

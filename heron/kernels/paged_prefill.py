@@ -32,8 +32,9 @@ from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
 
 
 @triton.jit
-def _kv_rows(bt_row_ptr, n0, kv_len, kv_head_off, stride_cblk, stride_coff,
-             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_rows(
+    bt_row_ptr, n0, kv_len, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """int64 cache offsets of keys n0 .. n0 + BLOCK_N - 1 of one KV head: token n sits in block
     bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE. Keys >= kv_len read no table entry (block 0 stands in)."""
     n = n0 + tl.arange(0, BLOCK_N)
@@ -42,8 +43,16 @@ def _kv_rows(bt_row_ptr, n0, kv_len, kv_head_off, stride_cblk, stride_coff,
 
 
 @triton.jit
-def _load_rows(cache_ptr, rows, n0, kv_len, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASK_LEN: tl.constexpr, UPCAST: tl.constexpr):
+def _load_rows(
+    cache_ptr,
+    rows,
+    n0,
+    kv_len,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_LEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """The [BLOCK_N, HEAD_DIM] K or V tile at `rows` (zeros for keys >= kv_len when MASK_LEN)."""
     off = rows[:, None] + tl.arange(0, HEAD_DIM)[None, :]
     if MASK_LEN:
@@ -56,8 +65,9 @@ def _load_rows(cache_ptr, rows, n0, kv_len, HEAD_DIM: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _softmax_pv(acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                PRECISION: tl.constexpr):
+def _softmax_pv(
+    acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr
+):
     """Fold the raw scores s = q k^T [M, BLOCK_N] of keys n0.. and their values v into the online softmax
     (log2 domain: qk_scale = softmax scale * log2 e; p = exp2(s * qk_scale - m), one FMA per score). MASKED:
     row r sees keys n <= pos[r] and n < kv_len. Every row has seen an unmasked key before or in this tile
@@ -75,10 +85,28 @@ def _softmax_pv(acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, lo, hi, pos,
-                 stride_cblk, stride_coff, qk_scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+def _attend_keys(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    kv_head_off,
+    lo,
+    hi,
+    pos,
+    stride_cblk,
+    stride_coff,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Fold keys lo .. hi - 1 (lo a multiple of BLOCK_N) into the accumulator, BLOCK_N at a time. MASKED: the
     tiles on the diagonal (causal mask, keys >= hi masked); else every key is seen by every row and hi is a
     multiple of BLOCK_N. The next tile's cache rows are computed one iteration ahead (a loop-carried tile)."""
@@ -94,12 +122,34 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off
 
 
 @triton.jit
-def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, qk_scale,
-                          stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                          stride_cblk, stride_coff, stride_ch,
-                          G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SKIP_DECODE: tl.constexpr,
-                          UPCAST: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+def _paged_prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_cblk,
+    stride_coff,
+    stride_ch,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SKIP_DECODE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     qt = tl.program_id(0)
@@ -123,8 +173,9 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
     pos = ctx + tok
     q_row = (q_start + tok).to(tl.int64)
     heads = kvh * G + g
-    q = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=r_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=r_ok[:, None], other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -137,16 +188,57 @@ def _paged_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr,
     first_pos = ctx + qt * BLOCK_Q  # the tile's first query position: keys <= it are seen by every row
     kv_end = ctx + tl.minimum(q_len, (qt + 1) * BLOCK_Q)  # one past the tile's last query position
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
-    acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, 0, full_end, pos,
-                                 stride_cblk, stride_coff, qk_scale, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST,
-                                 PRECISION)
-    acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off, full_end, kv_end,
-                                 pos, stride_cblk, stride_coff, qk_scale, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST,
-                                 PRECISION)
+    acc, m_i, l_i = _attend_keys(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        kv_head_off,
+        0,
+        full_end,
+        pos,
+        stride_cblk,
+        stride_coff,
+        qk_scale,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_N,
+        False,
+        UPCAST,
+        PRECISION,
+    )
+    acc, m_i, l_i = _attend_keys(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        kv_head_off,
+        full_end,
+        kv_end,
+        pos,
+        stride_cblk,
+        stride_coff,
+        qk_scale,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_N,
+        True,
+        UPCAST,
+        PRECISION,
+    )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+    tl.store(
+        out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=r_ok[:, None],
+    )
 
 
 def default_prefill_config(head_dim: int, group: int, device: torch.device) -> dict:
@@ -161,11 +253,23 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
     return dict(block_m=max(64, g_pad), block_n=64, num_warps=4, num_stages=2, maxnreg=None)
 
 
-def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int,
-                            scale: float, *, out: torch.Tensor | None = None, skip_decode: bool = False,
-                            block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                            num_stages: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    skip_decode: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
 
     q [T, H, D]; sequence b's queries are rows query_start_loc[b]:query_start_loc[b+1] and sit at the last
@@ -194,25 +298,55 @@ def paged_prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table
     cfg = default_prefill_config(head_dim, group, q.device)
     block_m = block_m or cfg["block_m"]
     block_n = block_n or cfg["block_n"]
-    assert block_m >= 16 and block_m % g_pad == 0 and block_m & (block_m - 1) == 0, \
+    assert block_m >= 16 and block_m % g_pad == 0 and block_m & (block_m - 1) == 0, (
         f"block_m must be a power of two >= max(16, next_pow2(group)); got {block_m}"
+    )
     assert block_n >= 16 and block_n & (block_n - 1) == 0
     block_q = block_m // g_pad
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (triton.cdiv(max_query_len, block_q), batch, num_kv_heads)
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        G=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        SKIP_DECODE=skip_decode, UPCAST=dot_upcast(), PRECISION=dot_precision(kv_cache.dtype),
-        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-        maxnreg=maxnreg or cfg["maxnreg"], **pdl_options(q.device, q.shape[0]))
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        G=group,
+        G_PAD=g_pad,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        SKIP_DECODE=skip_decode,
+        UPCAST=dot_upcast(),
+        PRECISION=dot_precision(kv_cache.dtype),
+        num_warps=num_warps or cfg["num_warps"],
+        num_stages=num_stages or cfg["num_stages"],
+        maxnreg=maxnreg or cfg["maxnreg"],
+        **pdl_options(q.device, q.shape[0]),
+    )
     return out
 
 
-def paged_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                      query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_prefill_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """PyTorch reference in float32 (returns q's dtype): per sequence, causal attention of its q_len new
     queries, at positions seq_len - q_len .. seq_len - 1, over its keys. Reads lengths on the host: tests only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]

@@ -41,10 +41,25 @@ def fix_bf16() -> bool:
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, n_cols,
-                     stride_x, stride_r, stride_o, stride_ro, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                     FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -61,8 +76,11 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, n_cols
     h = h * tl.math.rsqrt(mean_sq + eps)[:, None]
     h = round_to(h, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)  # h.to(dtype)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + r64 * stride_o + cols[None, :], round_to(h * w[None, :], out_ptr.dtype.element_ty, FIX_BF16),
-             mask=mask)
+    tl.store(
+        out_ptr + r64 * stride_o + cols[None, :],
+        round_to(h * w[None, :], out_ptr.dtype.element_ty, FIX_BF16),
+        mask=mask,
+    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -94,10 +112,25 @@ def _launch(x, residual, weight, eps, out, residual_out):
         per_prog = max(1, min(16, 1024 // block_n))
         elems = per_prog * block_n
         _rms_norm_kernel[(triton.cdiv(rows, per_prog),)](
-            x2, r2, weight, o2, ro2, rows, n,
-            x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0), eps,
-            HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=per_prog, FIX_BF16=fix_bf16(),
-            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16, **pdl_options(x.device, rows))
+            x2,
+            r2,
+            weight,
+            o2,
+            ro2,
+            rows,
+            n,
+            x2.stride(0),
+            r2.stride(0),
+            o2.stride(0),
+            ro2.stride(0),
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK_N=block_n,
+            ROWS=per_prog,
+            FIX_BF16=fix_bf16(),
+            num_warps=4 if elems <= 2048 else 8 if elems <= 4096 else 16,
+            **pdl_options(x.device, rows),
+        )
     return out, residual_out
 
 
@@ -107,8 +140,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
     return _launch(x, None, weight, eps, out, None)[0]
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                       out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+):
     """(x + residual) -> (weight * rmsnorm(x + residual), x + residual) in one kernel; x and residual [..., N]
     of one dtype. `out` / `residual_out` (contiguous; residual_out may be `residual` itself, out may be x) are
     written instead of new tensors."""

@@ -28,9 +28,25 @@ from heron.models.layers import rope_torch as apply_rope_ref  # noqa: F401  (the
 
 
 @triton.jit
-def _rope_heads(x_ptr, dst_ptr, w_ptr, t, head0, stride_t, stride_h, dst_stride_h, cos, sin, eps, row_ok,
-                NUM_HEADS: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-                FIX_BF16: tl.constexpr):
+def _rope_heads(
+    x_ptr,
+    dst_ptr,
+    w_ptr,
+    t,
+    head0,
+    stride_t,
+    stride_h,
+    dst_stride_h,
+    cos,
+    sin,
+    eps,
+    row_ok,
+    NUM_HEADS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+):
     """Heads head0 .. head0 + BLOCK_H of token t: (norm,) rotate, store at dst_ptr + head * dst_stride_h."""
     h = head0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
@@ -44,22 +60,56 @@ def _rope_heads(x_ptr, dst_ptr, w_ptr, t, head0, stride_t, stride_h, dst_stride_
         w1 = tl.load(w_ptr + d).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
         # weight * h.to(dtype), rounded to the norm's output dtype (= the destination's), as RMSNorm rounds it
-        x1 = round_to(round_to(x1 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w1,
-                      dst_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
-        x2 = round_to(round_to(x2 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w2,
-                      dst_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
+        x1 = round_to(
+            round_to(x1 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w1,
+            dst_ptr.dtype.element_ty,
+            FIX_BF16,
+        ).to(tl.float32)
+        x2 = round_to(
+            round_to(x2 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w2,
+            dst_ptr.dtype.element_ty,
+            FIX_BF16,
+        ).to(tl.float32)
     dst = dst_ptr + h[:, None] * dst_stride_h + d[None, :]
     tl.store(dst, round_to(x1 * cos - x2 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
     tl.store(dst + HALF, round_to(x2 * cos + x1 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                 stride_cblk, stride_coff, stride_ch, num_slots, eps,
-                 NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
-                 BLOCK_H: tl.constexpr, HALF: tl.constexpr, TO_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 FIX_BF16: tl.constexpr, PDL: tl.constexpr):
+def _rope_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    v_out_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    cs_ptr,
+    slot_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    stride_cblk,
+    stride_coff,
+    stride_ch,
+    num_slots,
+    eps,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    TO_CACHE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -69,8 +119,25 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr, qw_ptr, k
     sin = tl.load(cs_ptr + pos * stride_cs + HALF + d)[None, :]
     q_blocks: tl.constexpr = (NUM_Q_HEADS + BLOCK_H - 1) // BLOCK_H
     if j < q_blocks:
-        _rope_heads(q_ptr, q_out_ptr + t * (NUM_Q_HEADS * 2 * HALF), qw_ptr, t, j * BLOCK_H, stride_qt, stride_qh,
-                    2 * HALF, cos, sin, eps, t >= 0, NUM_Q_HEADS, HAS_NORM, BLOCK_H, HALF, FIX_BF16)
+        _rope_heads(
+            q_ptr,
+            q_out_ptr + t * (NUM_Q_HEADS * 2 * HALF),
+            qw_ptr,
+            t,
+            j * BLOCK_H,
+            stride_qt,
+            stride_qh,
+            2 * HALF,
+            cos,
+            sin,
+            eps,
+            t >= 0,
+            NUM_Q_HEADS,
+            HAS_NORM,
+            BLOCK_H,
+            HALF,
+            FIX_BF16,
+        )
     else:
         head0 = (j - q_blocks) * BLOCK_H
         if TO_CACHE:  # k and v go to the token's slot of the cache [num_blocks, block_size, Hkv, D]
@@ -78,22 +145,66 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr, qw_ptr, k
             row_ok = slot >= 0
             slot = tl.maximum(slot, 0)
             base = (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_coff
-            _rope_heads(k_ptr, k_out_ptr + base, kw_ptr, t, head0, stride_kt, stride_kh, stride_ch, cos, sin, eps,
-                        row_ok, NUM_K_HEADS, HAS_NORM, BLOCK_H, HALF, FIX_BF16)
+            _rope_heads(
+                k_ptr,
+                k_out_ptr + base,
+                kw_ptr,
+                t,
+                head0,
+                stride_kt,
+                stride_kh,
+                stride_ch,
+                cos,
+                sin,
+                eps,
+                row_ok,
+                NUM_K_HEADS,
+                HAS_NORM,
+                BLOCK_H,
+                HALF,
+                FIX_BF16,
+            )
             h = head0 + tl.arange(0, BLOCK_H)
             dd = tl.arange(0, 2 * HALF)
             mask = (h < NUM_K_HEADS)[:, None] & row_ok
             v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + dd[None, :], mask=mask)
-            tl.store(v_out_ptr + base + h[:, None] * stride_ch + dd[None, :], v.to(v_out_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(
+                v_out_ptr + base + h[:, None] * stride_ch + dd[None, :], v.to(v_out_ptr.dtype.element_ty), mask=mask
+            )
         else:
-            _rope_heads(k_ptr, k_out_ptr + t * (NUM_K_HEADS * 2 * HALF), kw_ptr, t, head0, stride_kt, stride_kh,
-                        2 * HALF, cos, sin, eps, t >= 0, NUM_K_HEADS, HAS_NORM, BLOCK_H, HALF, FIX_BF16)
+            _rope_heads(
+                k_ptr,
+                k_out_ptr + t * (NUM_K_HEADS * 2 * HALF),
+                kw_ptr,
+                t,
+                head0,
+                stride_kt,
+                stride_kh,
+                2 * HALF,
+                cos,
+                sin,
+                eps,
+                t >= 0,
+                NUM_K_HEADS,
+                HAS_NORM,
+                BLOCK_H,
+                HALF,
+                FIX_BF16,
+            )
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-               q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-               eps: float = 1e-6, *, q_out: torch.Tensor | None = None, k_out: torch.Tensor | None = None):
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    q_out: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
+):
     """q [T, H, D], k [T, Hkv, D] (last dim contiguous, other strides free), positions [T] (int32/int64),
     cos_sin [max_pos, D] float32 -> (q', k') new contiguous tensors (or `q_out` / `k_out`). With the norm
     weights [D], each head is RMS-normalised (eps) and scaled first. D must be a power of two."""
@@ -105,20 +216,32 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
     return q_out, k_out
 
 
-def apply_rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                         cos_sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                         q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-                         eps: float = 1e-6, *, q_out: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`apply_rope`, with the rotated k and v [T, Hkv, D] written into kv_cache [2, num_blocks, block_size, Hkv,
     D] at slot_mapping [T'] (int32/int64; -1, or a row t >= T', writes nothing) instead of new tensors.
     Returns q'."""
     out_dtype = _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight)
     check_cache(kv_cache)
-    assert kv_cache.shape[3:] == k.shape[1:] and kv_cache.dtype == out_dtype, \
+    assert kv_cache.shape[3:] == k.shape[1:] and kv_cache.dtype == out_dtype, (
         f"k {tuple(k.shape)} {out_dtype} does not match the cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
+    )
     assert v.shape == k.shape and v.stride(-1) == 1 and slot_mapping.dim() == 1
-    return _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, kv_cache[0], kv_cache[1],
-                   slot_mapping)
+    return _launch(
+        q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, kv_cache[0], kv_cache[1], slot_mapping
+    )
 
 
 def _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight) -> torch.dtype:
@@ -154,13 +277,36 @@ def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_ou
     block_h = min(triton.next_power_of_2(max(num_q_heads, num_k_heads)), max(1, 2048 // head_dim))
     grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_k_heads, block_h))
     _rope_kernel[grid](
-        q, k, v if to_cache else k, q_out, k_out, v_cache if to_cache else k_out,
-        q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, positions, cos_sin,
+        q,
+        k,
+        v if to_cache else k,
+        q_out,
+        k_out,
+        v_cache if to_cache else k_out,
+        q_norm_weight if has_norm else q,
+        k_norm_weight if has_norm else k,
+        positions,
+        cos_sin,
         slot_mapping if to_cache else positions,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0) if to_cache else 0,
-        v.stride(1) if to_cache else 0, cos_sin.stride(0), *cache_strides,
-        slot_mapping.shape[0] if to_cache else 0, eps,
-        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HAS_NORM=has_norm, BLOCK_H=block_h, HALF=head_dim // 2,
-        TO_CACHE=to_cache, BLOCK_SIZE=k_out.shape[1] if to_cache else 1, FIX_BF16=fix_bf16(),
-        num_warps=4 if block_h * head_dim <= 2048 else 8, **pdl_options(q.device, num_tokens))
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0) if to_cache else 0,
+        v.stride(1) if to_cache else 0,
+        cos_sin.stride(0),
+        *cache_strides,
+        slot_mapping.shape[0] if to_cache else 0,
+        eps,
+        NUM_Q_HEADS=num_q_heads,
+        NUM_K_HEADS=num_k_heads,
+        HAS_NORM=has_norm,
+        BLOCK_H=block_h,
+        HALF=head_dim // 2,
+        TO_CACHE=to_cache,
+        BLOCK_SIZE=k_out.shape[1] if to_cache else 1,
+        FIX_BF16=fix_bf16(),
+        num_warps=4 if block_h * head_dim <= 2048 else 8,
+        **pdl_options(q.device, num_tokens),
+    )
     return q_out

@@ -102,8 +102,9 @@ def _first_max(best, best_idx, V):
 
 
 @triton.jit
-def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
-                  LIBDEVICE: tl.constexpr):
+def _sampled_scan(
+    row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr
+):
     """(best score, lowest token holding it) over tiles [tile0, tile1) of a sampled row: per-lane bests, one
     cross-lane reduction at the end (see the module docstring)."""
     lanes = tl.arange(0, BLOCK)
@@ -126,10 +127,24 @@ def _sampled_scan(row_ptr, V, tile0, tile1, inv_t, thr, key, HAS_THR: tl.constex
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr, ctr_ptr,
-                   part_best_ptr, part_idx_ptr, out_ptr, V, tiles_per_split,
-                   HAS_THR: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
-                   PDL: tl.constexpr):
+def _sample_kernel(
+    logits_ptr,
+    stride_r,
+    temp_ptr,
+    thr_ptr,
+    seed_ptr,
+    ctr_ptr,
+    part_best_ptr,
+    part_idx_ptr,
+    out_ptr,
+    V,
+    tiles_per_split,
+    HAS_THR: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -177,9 +192,17 @@ def default_plan(rows: int, vocab: int, device: torch.device) -> tuple[int, int]
     return block, splits
 
 
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: torch.Tensor | None,
-                  seeds: torch.Tensor, counters: torch.Tensor, *, block: int | None = None,
-                  num_splits: int | None = None, num_warps: int = 4) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    thresholds: torch.Tensor | None,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    *,
+    block: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
     """logits [R, V] (float32 / bfloat16 / float16; last dim contiguous), temperature [R] (0 = greedy),
     thresholds [R] float32 or None (no row masks), seeds / counters [R] int64 -> token ids [R] int64.
     Thresholds apply to the raw logits: a sampled row draws only among tokens with logit >= threshold."""
@@ -207,12 +230,29 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, thresholds: t
     extra = {} if interp else {"enable_fp_fusion": False}  # bit-for-bit torch: no a * b + c -> fma
     pdl = pdl_options(logits.device, rows)
     _sample_kernel[(rows, splits)](
-        logits, logits.stride(0), temperature, thr, seeds, counters, part_best, part_idx, out,
-        vocab, tiles_per_split, HAS_THR=thresholds is not None, SPLIT=splits > 1, BLOCK=block,
-        LIBDEVICE=not interp, num_warps=num_warps, **extra, **pdl)
+        logits,
+        logits.stride(0),
+        temperature,
+        thr,
+        seeds,
+        counters,
+        part_best,
+        part_idx,
+        out,
+        vocab,
+        tiles_per_split,
+        HAS_THR=thresholds is not None,
+        SPLIT=splits > 1,
+        BLOCK=block,
+        LIBDEVICE=not interp,
+        num_warps=num_warps,
+        **extra,
+        **pdl,
+    )
     if splits > 1:
-        _reduce_kernel[(rows,)](part_best, part_idx, out, splits, S_PAD=triton.next_power_of_2(splits),
-                                num_warps=1, **pdl)
+        _reduce_kernel[(rows,)](
+            part_best, part_idx, out, splits, S_PAD=triton.next_power_of_2(splits), num_warps=1, **pdl
+        )
     return out
 
 
@@ -242,6 +282,14 @@ def row_logsumexp(x: torch.Tensor, inv_t: torch.Tensor, *, block: int = 8192, nu
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:
         block = min(block, max(16, triton.next_power_of_2(vocab)))
-        _logsumexp_kernel[(rows,)](x, x.stride(0), inv_t.to(torch.float32).contiguous(), out, vocab, BLOCK=block,
-                                   num_warps=num_warps, **pdl_options(x.device, rows))
+        _logsumexp_kernel[(rows,)](
+            x,
+            x.stride(0),
+            inv_t.to(torch.float32).contiguous(),
+            out,
+            vocab,
+            BLOCK=block,
+            num_warps=num_warps,
+            **pdl_options(x.device, rows),
+        )
     return out

@@ -42,6 +42,7 @@ _cublaslt: dict[int, CublasLt] = {}  # per device index, made by `tune`
 @dataclass(frozen=True)
 class Plan:
     """A weight's choices at the tuned row counts (ascending)."""
+
     rows: tuple[int, ...]
     lt: tuple[bool, ...]  # PyTorch's cuBLASLt beat cuBLAS (what row counts up to rows[i] take)
     exact: tuple[Candidate | None, ...]  # a cuBLASLt candidate that beat both at exactly rows[i]
@@ -92,8 +93,9 @@ def linear_lt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         torch.backends.cuda.preferred_blas_library(before)
 
 
-def _run(cand: Candidate, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
-         out: torch.Tensor | None = None) -> torch.Tensor | None:
+def _run(
+    cand: Candidate, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """x @ weight.T by `cand` into `out` (allocated once the operands are checked, if None), or None (not run)
     where the matrices are not laid out as it was found for."""
     lt = _cublaslt.get(x.device.index)
@@ -132,12 +134,13 @@ def time_on_gpu(calls: list[Call], weights: list[torch.Tensor], x: torch.Tensor,
     ms = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
     best = [math.inf] * len(calls)
     for j, i in enumerate(live):
-        best[i] = min(ms[j::len(live)]) / 1e3
+        best[i] = min(ms[j :: len(live)]) / 1e3
     return best
 
 
-def _candidate_calls(lt: CublasLt | None, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
-                     reference: torch.Tensor) -> tuple[list[Candidate], list[Call]]:
+def _candidate_calls(
+    lt: CublasLt | None, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, reference: torch.Tensor
+) -> tuple[list[Candidate], list[Call]]:
     """cuBLASLt's candidates for this problem whose product agrees with `reference`, and a call for each."""
     if lt is None:
         return [], []
@@ -170,11 +173,15 @@ def _mm_float32_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _copies(ws: list[torch.Tensor]) -> list[torch.Tensor]:
     """The fewest of a shape's copies (one per layer) whose bytes pass ROTATE_BYTES: each call then reads its
     weight from memory, as in a step, not from the L2 cache."""
-    return ws[:max(1, min(len(ws), -(-ROTATE_BYTES // (ws[0].numel() * ws[0].element_size()))))]
+    return ws[: max(1, min(len(ws), -(-ROTATE_BYTES // (ws[0].numel() * ws[0].element_size()))))]
 
 
-def tune(weights: Iterable[torch.Tensor], rows: list[int], timer: Timer = time_on_gpu,
-         float32_out: Iterable[torch.Tensor] = ()) -> dict:
+def tune(
+    weights: Iterable[torch.Tensor],
+    rows: list[int],
+    timer: Timer = time_on_gpu,
+    float32_out: Iterable[torch.Tensor] = (),
+) -> dict:
     """Times every kernel for every distinct (shape, dtype) among `weights` (2-D, on CUDA) at each row count and
     writes the `Plan` on every weight of that shape: cuBLAS and PyTorch's cuBLASLt for products in the weight's
     dtype, and for `float32_out` (an LM head whose logits are float32) PyTorch's float32-output matmul; each
@@ -198,7 +205,7 @@ def tune(weights: Iterable[torch.Tensor], rows: list[int], timer: Timer = time_o
                 x = torch.randn(m, k, dtype=dtype, device=ws[0].device)
                 cands, cand_calls = _candidate_calls(lt, x, ws[0], out_dtype, libs[0](x, ws[0]))
                 t = timer(libs + cand_calls, copies, x)
-                t_lib = min(t[:len(libs)])
+                t_lib = min(t[: len(libs)])
                 best = min(range(len(t)), key=t.__getitem__)
                 pick = cands[best - len(libs)] if best >= len(libs) and t[best] < CANDIDATE_MARGIN * t_lib else None
                 lt_wins.append(len(libs) == 2 and t[1] < t[0])
@@ -239,8 +246,10 @@ def summary(found: dict, seconds: float) -> str:
         kinds[kind] += 1
     steps = ", ".join(f"{m}: {a * 1e3:.2f} -> {b * 1e3:.2f}" for m, (a, b) in sorted(per_rows.items()))
     won = ", ".join(f"{kind} {kinds[kind]}" for kind in ("cublas", "cublaslt", "candidate", "searched"))
-    return (f"matmuls tuned in {seconds:.1f} s over {len(found)} (rows, shape) pairs, chosen: {won}; "
-            f"ms of matmuls per step by rows (cuBLAS -> chosen): {steps}")
+    return (
+        f"matmuls tuned in {seconds:.1f} s over {len(found)} (rows, shape) pairs, chosen: {won}; "
+        f"ms of matmuls per step by rows (cuBLAS -> chosen): {steps}"
+    )
 
 
 def tune_and_summarise(weights: list[torch.Tensor], rows: list[int], float32_out: list[torch.Tensor]) -> str:

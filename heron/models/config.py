@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 @dataclass(frozen=True)
@@ -35,13 +38,17 @@ class TransformerConfig:
         replicated, so both counts must divide by `tp_size`."""
         for name, heads in (("num_attention_heads", self.num_heads), ("num_key_value_heads", self.num_kv_heads)):
             if heads % tp_size:
-                raise ValueError(f"{name}={heads} is not divisible by tensor_parallel_size={tp_size}: each rank "
-                                 "must hold whole attention heads (the KV cache is split by KV heads).")
+                raise ValueError(
+                    f"{name}={heads} is not divisible by tensor_parallel_size={tp_size}: each rank "
+                    "must hold whole attention heads (the KV cache is split by KV heads)."
+                )
         return self.num_heads // tp_size, self.num_kv_heads // tp_size
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> TransformerConfig:
-        arch = (hf.get("architectures") or [_BY_MODEL_TYPE.get(hf.get("model_type"), f"model_type={hf.get('model_type')}")])[0]
+        arch = (
+            hf.get("architectures") or [_BY_MODEL_TYPE.get(hf.get("model_type"), f"model_type={hf.get('model_type')}")]
+        )[0]
         if arch.startswith("Mistral") and hf.get("sliding_window") not in (None, 0):
             if hf["sliding_window"] < hf.get("max_position_embeddings", 0):
                 raise ValueError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported.")

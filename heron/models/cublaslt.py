@@ -31,9 +31,17 @@ _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _CAP_SPLITK, _CAP_REDUCTION_MASK, _CAP_TILE_IDS, _CAP_STAGES_IDS = 0, 1, 6, 13  # cublasLtMatmulAlgoCapAttributes_t
 # cublasLtMatmulAlgoConfigAttributes_t: a configuration's fields (attribute, C type)
-CONFIG_FIELDS = {"id": (0, ctypes.c_int32), "tile": (1, ctypes.c_uint32), "splitk": (2, ctypes.c_uint32),
-                 "reduction": (3, ctypes.c_uint32), "swizzle": (4, ctypes.c_uint32), "custom": (5, ctypes.c_uint32),
-                 "stages": (6, ctypes.c_uint32), "inner": (7, ctypes.c_uint16), "cluster": (8, ctypes.c_uint16)}
+CONFIG_FIELDS = {
+    "id": (0, ctypes.c_int32),
+    "tile": (1, ctypes.c_uint32),
+    "splitk": (2, ctypes.c_uint32),
+    "reduction": (3, ctypes.c_uint32),
+    "swizzle": (4, ctypes.c_uint32),
+    "custom": (5, ctypes.c_uint32),
+    "stages": (6, ctypes.c_uint32),
+    "inner": (7, ctypes.c_uint16),
+    "cluster": (8, ctypes.c_uint16),
+}
 SEARCH_SPLIT_K = (1, 2, 3, 4)
 TABLE = os.path.join(os.path.dirname(__file__), "cublaslt_table.json")  # searched configurations, per GPU model
 WORKSPACE_BYTES = 32 << 20
@@ -45,13 +53,19 @@ class _Algo(ctypes.Structure):
 
 
 class _Heuristic(ctypes.Structure):
-    _fields_ = [("algo", _Algo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+    _fields_ = [
+        ("algo", _Algo),
+        ("workspaceSize", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("wavesCount", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
 
 
 @dataclass(frozen=True, eq=False)
 class Candidate:
     """One of the heuristic's algorithms for one problem (its layouts: the row count is part of it)."""
+
     algo: _Algo
     workspace: int  # bytes it needs
     rank: int  # its place in the heuristic's list (0: PyTorch's cuBLASLt pick; -1: not the heuristic's)
@@ -93,19 +107,23 @@ class CublasLt:
 
     def __init__(self, device: torch.device) -> None:
         self.lib = lib = _load()
-        P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-        for fn, args in (("cublasLtCreate", [P]), ("cublasLtMatmulDescCreate", [P, I, I]),
-                         ("cublasLtMatmulDescSetAttribute", [P, I, P, S]), ("cublasLtMatmulPreferenceCreate", [P]),
-                         ("cublasLtMatmulPreferenceSetAttribute", [P, I, P, S]),
-                         ("cublasLtMatrixLayoutCreate", [P, I, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]),
-                         ("cublasLtMatmulAlgoGetHeuristic", [P] * 7 + [I, P, P]),
-                         ("cublasLtMatmulAlgoGetIds", [P] + [I] * 7 + [P, P]),
-                         ("cublasLtMatmulAlgoInit", [P] + [I] * 7 + [P]),
-                         ("cublasLtMatmulAlgoCheck", [P] * 8),
-                         ("cublasLtMatmulAlgoCapGetAttribute", [P, I, P, S, P]),
-                         ("cublasLtMatmulAlgoConfigGetAttribute", [P, I, P, S, P]),
-                         ("cublasLtMatmulAlgoConfigSetAttribute", [P, I, P, S]),
-                         ("cublasLtMatmul", [P] * 14 + [S, P])):
+        P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t  # noqa: E741 (the C types, one letter each)
+        for fn, args in (
+            ("cublasLtCreate", [P]),
+            ("cublasLtMatmulDescCreate", [P, I, I]),
+            ("cublasLtMatmulDescSetAttribute", [P, I, P, S]),
+            ("cublasLtMatmulPreferenceCreate", [P]),
+            ("cublasLtMatmulPreferenceSetAttribute", [P, I, P, S]),
+            ("cublasLtMatrixLayoutCreate", [P, I, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]),
+            ("cublasLtMatmulAlgoGetHeuristic", [P] * 7 + [I, P, P]),
+            ("cublasLtMatmulAlgoGetIds", [P] + [I] * 7 + [P, P]),
+            ("cublasLtMatmulAlgoInit", [P] + [I] * 7 + [P]),
+            ("cublasLtMatmulAlgoCheck", [P] * 8),
+            ("cublasLtMatmulAlgoCapGetAttribute", [P, I, P, S, P]),
+            ("cublasLtMatmulAlgoConfigGetAttribute", [P, I, P, S, P]),
+            ("cublasLtMatmulAlgoConfigSetAttribute", [P, I, P, S]),
+            ("cublasLtMatmul", [P] * 14 + [S, P]),
+        ):
             getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, I
         lib.cublasLtGetVersion.restype = ctypes.c_size_t
         self.version = lib.cublasLtGetVersion()
@@ -117,8 +135,9 @@ class CublasLt:
             self._check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(ctypes.c_int32(op)), 4))
         self.pref = self._create(lib.cublasLtMatmulPreferenceCreate)
         size = ctypes.c_uint64(WORKSPACE_BYTES)
-        self._check(lib.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE_BYTES,
-                                                             ctypes.byref(size), 8))
+        self._check(
+            lib.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(size), 8)
+        )
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
@@ -133,30 +152,44 @@ class CublasLt:
         return obj
 
     def _layout(self, dtype: torch.dtype, rows: int, cols: int) -> ctypes.c_void_p:
-        return self._create(self.lib.cublasLtMatrixLayoutCreate, _DATA_TYPE[dtype], ctypes.c_uint64(rows),
-                            ctypes.c_uint64(cols), ctypes.c_int64(rows))
+        return self._create(
+            self.lib.cublasLtMatrixLayoutCreate,
+            _DATA_TYPE[dtype],
+            ctypes.c_uint64(rows),
+            ctypes.c_uint64(cols),
+            ctypes.c_int64(rows),
+        )
 
-    def _layouts(self, m: int, n: int, k: int, dtype: torch.dtype,
-                 out_dtype: torch.dtype) -> tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]:
+    def _layouts(
+        self, m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype
+    ) -> tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]:
         return self._layout(dtype, k, n), self._layout(dtype, k, m), self._layout(out_dtype, n, m)
 
-    def candidates(self, m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype,
-                   count: int = 8) -> list[Candidate]:
+    def candidates(
+        self, m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype, count: int = 8
+    ) -> list[Candidate]:
         """The heuristic's algorithms for y [m, n] (out_dtype) = x [m, k] @ W [n, k].T (dtype), best first, then
         the configuration this GPU model's table records for the problem (a search's winner), if cuBLASLt
         accepts it here."""
         layouts = self._layouts(m, n, k, dtype, out_dtype)
         results, found = (_Heuristic * count)(), ctypes.c_int()
-        self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, *layouts, layouts[2], self.pref,
-                                                            count, results, ctypes.byref(found)))
-        cands = [Candidate(results[i].algo, results[i].workspaceSize, i, layouts)
-                 for i in range(found.value) if results[i].state == 0]
+        self._check(
+            self.lib.cublasLtMatmulAlgoGetHeuristic(
+                self.handle, self.desc, *layouts, layouts[2], self.pref, count, results, ctypes.byref(found)
+            )
+        )
+        cands = [
+            Candidate(results[i].algo, results[i].workspaceSize, i, layouts)
+            for i in range(found.value)
+            if results[i].state == 0
+        ]
         config = self.table.get(table_key(m, n, k, dtype, out_dtype))
         recorded = config and self._recorded(layouts, config, dtype, out_dtype)
         return cands + [recorded] if recorded else cands
 
-    def _recorded(self, layouts: tuple, config: dict[str, int], dtype: torch.dtype,
-                  out_dtype: torch.dtype) -> Candidate | None:
+    def _recorded(
+        self, layouts: tuple, config: dict[str, int], dtype: torch.dtype, out_dtype: torch.dtype
+    ) -> Candidate | None:
         """A table's configuration, if this cuBLASLt has its algorithm and accepts it (a table is per GPU model,
         not per library version)."""
         try:
@@ -171,13 +204,24 @@ class CublasLt:
         for name, (attr, ctype) in CONFIG_FIELDS.items():
             value = ctype()
             written = ctypes.c_size_t()
-            self._check(self.lib.cublasLtMatmulAlgoConfigGetAttribute(
-                ctypes.byref(cand.algo), attr, ctypes.byref(value), ctypes.sizeof(value), ctypes.byref(written)))
+            self._check(
+                self.lib.cublasLtMatmulAlgoConfigGetAttribute(
+                    ctypes.byref(cand.algo), attr, ctypes.byref(value), ctypes.sizeof(value), ctypes.byref(written)
+                )
+            )
             out[name] = value.value
         return out
 
-    def search(self, m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype,
-               algo_ids: list[int] | None = None, split_k: tuple[int, ...] = SEARCH_SPLIT_K) -> list[Candidate]:
+    def search(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        dtype: torch.dtype,
+        out_dtype: torch.dtype,
+        algo_ids: list[int] | None = None,
+        split_k: tuple[int, ...] = SEARCH_SPLIT_K,
+    ) -> list[Candidate]:
         """Every configuration cuBLASLt accepts for this problem among each algorithm's tiles x stages x
         `split_k` (with the first reduction scheme it supports), and the cluster and inner shapes its heuristic
         candidates use; `algo_ids`: the algorithms (None: those of the heuristic's candidates). The heuristic
@@ -196,8 +240,15 @@ class CublasLt:
                 for stages in self._cap(algo, _CAP_STAGES_IDS) or [0]:
                     for splitk in splits:
                         for cluster, inner in shapes:
-                            config = {"id": algo_id, "tile": tile, "stages": stages, "splitk": splitk,
-                                      "reduction": scheme if splitk > 1 else 0, "cluster": cluster, "inner": inner}
+                            config = {
+                                "id": algo_id,
+                                "tile": tile,
+                                "stages": stages,
+                                "splitk": splitk,
+                                "reduction": scheme if splitk > 1 else 0,
+                                "cluster": cluster,
+                                "inner": inner,
+                            }
                             cand = self._accepted(layouts, algo, config)
                             if cand is not None:
                                 found.append(cand)
@@ -207,15 +258,21 @@ class CublasLt:
         """Every algorithm cuBLASLt has for these types."""
         ids, count = (ctypes.c_int * 1024)(), ctypes.c_int()
         types = _DATA_TYPE[dtype], _DATA_TYPE[dtype], _DATA_TYPE[out_dtype], _DATA_TYPE[out_dtype]
-        self._check(self.lib.cublasLtMatmulAlgoGetIds(self.handle, _COMPUTE_32F, _DATA_TYPE[torch.float32], *types,
-                                                      len(ids), ids, ctypes.byref(count)))
-        return list(ids[:count.value])
+        self._check(
+            self.lib.cublasLtMatmulAlgoGetIds(
+                self.handle, _COMPUTE_32F, _DATA_TYPE[torch.float32], *types, len(ids), ids, ctypes.byref(count)
+            )
+        )
+        return list(ids[: count.value])
 
     def _init(self, algo_id: int, dtype: torch.dtype, out_dtype: torch.dtype) -> _Algo:
         algo = _Algo()
         types = _DATA_TYPE[dtype], _DATA_TYPE[dtype], _DATA_TYPE[out_dtype], _DATA_TYPE[out_dtype]
-        self._check(self.lib.cublasLtMatmulAlgoInit(self.handle, _COMPUTE_32F, _DATA_TYPE[torch.float32], *types,
-                                                    algo_id, ctypes.byref(algo)))
+        self._check(
+            self.lib.cublasLtMatmulAlgoInit(
+                self.handle, _COMPUTE_32F, _DATA_TYPE[torch.float32], *types, algo_id, ctypes.byref(algo)
+            )
+        )
         return algo
 
     def _cap(self, algo: _Algo, attr: int) -> list[int]:
@@ -223,21 +280,32 @@ class CublasLt:
         size = ctypes.c_size_t()
         self._check(self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0, ctypes.byref(size)))
         values = (ctypes.c_uint32 * max(1, size.value // 4))()
-        self._check(self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, values, size.value,
-                                                               ctypes.byref(size)))
-        return list(values[:size.value // 4])
+        self._check(
+            self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, values, size.value, ctypes.byref(size))
+        )
+        return list(values[: size.value // 4])
 
     def _accepted(self, layouts: tuple, base: _Algo, config: dict[str, int]) -> Candidate | None:
         """A copy of `base` set to `config`, if cuBLASLt accepts it for the problem within the workspace."""
         algo = _Algo.from_buffer_copy(base)
         for name, value in config.items():
             attr, ctype = CONFIG_FIELDS[name]
-            if name != "id" and self.lib.cublasLtMatmulAlgoConfigSetAttribute(
-                    ctypes.byref(algo), attr, ctypes.byref(ctype(value)), ctypes.sizeof(ctype)) != 0:
+            if (
+                name != "id"
+                and self.lib.cublasLtMatmulAlgoConfigSetAttribute(
+                    ctypes.byref(algo), attr, ctypes.byref(ctype(value)), ctypes.sizeof(ctype)
+                )
+                != 0
+            ):
                 return None
         result = _Heuristic()
-        if self.lib.cublasLtMatmulAlgoCheck(self.handle, self.desc, *layouts, layouts[2], ctypes.byref(algo),
-                                            ctypes.byref(result)) != 0 or result.workspaceSize > WORKSPACE_BYTES:
+        if (
+            self.lib.cublasLtMatmulAlgoCheck(
+                self.handle, self.desc, *layouts, layouts[2], ctypes.byref(algo), ctypes.byref(result)
+            )
+            != 0
+            or result.workspaceSize > WORKSPACE_BYTES
+        ):
             return None
         return Candidate(algo, result.workspaceSize, -1, layouts)
 
@@ -249,8 +317,24 @@ class CublasLt:
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, cand: Candidate) -> torch.Tensor:
         """out [m, n] = x [m, k] @ weight [n, k].T with `cand` (found for exactly these shapes and dtypes)."""
         a, b, c = cand.layouts
-        self._check(self.lib.cublasLtMatmul(
-            self.handle, self.desc, ctypes.byref(self.alpha), weight.data_ptr(), a, x.data_ptr(), b,
-            ctypes.byref(self.beta), out.data_ptr(), c, out.data_ptr(), c, ctypes.byref(cand.algo),
-            self.workspace.data_ptr(), cand.workspace, torch.cuda.current_stream(x.device).cuda_stream))
+        self._check(
+            self.lib.cublasLtMatmul(
+                self.handle,
+                self.desc,
+                ctypes.byref(self.alpha),
+                weight.data_ptr(),
+                a,
+                x.data_ptr(),
+                b,
+                ctypes.byref(self.beta),
+                out.data_ptr(),
+                c,
+                out.data_ptr(),
+                c,
+                ctypes.byref(cand.algo),
+                self.workspace.data_ptr(),
+                cand.workspace,
+                torch.cuda.current_stream(x.device).cuda_stream,
+            )
+        )
         return out

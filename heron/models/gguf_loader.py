@@ -52,8 +52,12 @@ _BLOCK_TENSORS = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Tensors that only feed the config, never a parameter.
 _CONFIG_TENSORS = {"rope_freqs.weight"}
-_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
-                  "general.sampling.top_k": "top_k", "general.sampling.penalty_repeat": "repetition_penalty"}
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 
 
 def load_gguf(path: str) -> ModelSource:
@@ -70,8 +74,10 @@ def load_gguf(path: str) -> ModelSource:
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"GGUF file {path} has architecture {arch!r}, which is not supported "
-                         f"(supported: {', '.join(ARCHITECTURES)}).")
+        raise ValueError(
+            f"GGUF file {path} has architecture {arch!r}, which is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})."
+        )
     tensors = {t.name: t for t in reader.tensors}
     names = {name: _hf_name(name) for name in tensors}
     if unknown := sorted(n for n, hf in names.items() if hf is None and n not in _CONFIG_TENSORS):
@@ -92,8 +98,7 @@ def load_gguf(path: str) -> ModelSource:
             try:
                 w = gguf.quants.dequantize(t.data, t.tensor_type)
             except Exception as e:
-                raise ValueError(f"GGUF file {path}: cannot dequantize {t.name} "
-                                 f"({t.tensor_type.name}): {e}") from e
+                raise ValueError(f"GGUF file {path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
             w = w.astype(np.float32, copy=False)
             if not w.flags.writeable:  # F32 tensors come back as views of the read-only mmap
                 w = np.array(w)
@@ -103,8 +108,9 @@ def load_gguf(path: str) -> ModelSource:
                 w = _unpermute_rope_rows(w, rope_heads[piece])
             yield hf, w
 
-    generation_config = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                         if hf_config.get(k) is not None}
+    generation_config = {
+        k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf_config.get(k) is not None
+    }
     # Recent converters copy generation_config.json's sampling defaults into the file.
     for gguf_key, hf_key in _SAMPLING_KEYS.items():
         if (value := meta.get(gguf_key)) is not None:
@@ -184,8 +190,7 @@ def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
             raise ValueError(f"GGUF file {path} lacks the metadata key {arch}.{name}.")
         if isinstance(value, list):  # per-layer values: only uniform ones are supported
             if len(set(value)) != 1:
-                raise ValueError(f"GGUF file {path}: {arch}.{name} varies by layer ({value[:8]}...); "
-                                 f"not supported.")
+                raise ValueError(f"GGUF file {path}: {arch}.{name} varies by layer ({value[:8]}...); not supported.")
             value = value[0]
         return value
 
@@ -196,8 +201,7 @@ def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
     embed_rows = int(tensors["token_embd.weight"].shape[-1])
     vocab = key("vocab_size") or meta.length("tokenizer.ggml.tokens") or embed_rows
     if vocab != embed_rows:
-        raise ValueError(f"GGUF file {path}: vocab size {vocab} does not match token_embd.weight "
-                         f"({embed_rows} rows).")
+        raise ValueError(f"GGUF file {path}: vocab size {vocab} does not match token_embd.weight ({embed_rows} rows).")
     head_dim = key("attention.key_length")
     if head_dim is None and "blk.0.attn_q.weight" in tensors:
         head_dim = int(tensors["blk.0.attn_q.weight"].shape[-1]) // heads
@@ -264,8 +268,9 @@ def _llama3_rope_scaling(path: str, divisors: torch.Tensor, head_dim: int, theta
     from heron.models.layers import rope_inv_freq
 
     if divisors.numel() != head_dim // 2:
-        raise ValueError(f"GGUF file {path}: rope_freqs.weight has {divisors.numel()} entries, expected "
-                         f"{head_dim // 2}.")
+        raise ValueError(
+            f"GGUF file {path}: rope_freqs.weight has {divisors.numel()} entries, expected {head_dim // 2}."
+        )
     if torch.allclose(divisors, torch.ones_like(divisors)):
         return None
     factor = float(divisors.max())
@@ -277,15 +282,21 @@ def _llama3_rope_scaling(path: str, divisors: torch.Tensor, head_dim: int, theta
         a, b = np.polyfit(freq[blended].numpy(), s.numpy(), 1)  # s = a*freq + b
         if a > 0 and b < 0:
             high = 1 - 1 / b
-            candidates.append({"low_freq_factor": 1.0, "high_freq_factor": float(high),
-                               "original_max_position_embeddings": float(2 * np.pi * a * (high - 1))})
+            candidates.append(
+                {
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": float(high),
+                    "original_max_position_embeddings": float(2 * np.pi * a * (high - 1)),
+                }
+            )
     base = rope_inv_freq(head_dim, theta, None).double()
     for c in candidates:
         scaling = {"rope_type": "llama3", "factor": factor, **c}
         if torch.allclose(base / rope_inv_freq(head_dim, theta, scaling).double(), divisors, rtol=1e-3):
             return scaling
-    raise ValueError(f"GGUF file {path}: rope_freqs.weight does not follow Llama 3 RoPE scaling; "
-                     f"such files are not supported.")
+    raise ValueError(
+        f"GGUF file {path}: rope_freqs.weight does not follow Llama 3 RoPE scaling; such files are not supported."
+    )
 
 
 def _tokenizer(path: str, meta: _Metadata):
@@ -298,14 +309,16 @@ def _tokenizer(path: str, meta: _Metadata):
     try:
         tok = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=filename)
     except Exception as e:
-        raise ValueError(f"GGUF file {path}: transformers cannot build its tokenizer "
-                         f"({type(e).__name__}: {e}).") from e
+        raise ValueError(f"GGUF file {path}: transformers cannot build its tokenizer ({type(e).__name__}: {e}).") from e
     template = meta.get("tokenizer.chat_template")
     if template and tok.chat_template != template:
         tok.chat_template = template
     # Make the special tokens the file names win over whatever the conversion guessed.
-    for attr, key in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id"),
-                      ("pad_token", "tokenizer.ggml.padding_token_id")):
+    for attr, key in (
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ):
         token_id = meta.get(key)
         if token_id is not None and 0 <= token_id < len(tok) and getattr(tok, f"{attr}_id") != token_id:
             setattr(tok, attr, tok.convert_ids_to_tokens(token_id))

@@ -28,8 +28,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def norm_linear(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_linear(
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's entry: (linear(norm(x + residual)), x + residual); without a residual (the first
     layer) x itself is the residual. At decode sizes on CUDA, one GEMV kernel does both."""
     if x.is_cuda:
@@ -132,8 +137,14 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq).to(self.cos_sin.device)
         self.cos_sin.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ):
         """q [T, H, D], k [T, Hkv, D] -> rotated copies; with q_norm / k_norm (Qwen3) each head is
         RMS-normalised first. One Triton kernel on CUDA (heron/kernels/rope.py), PyTorch elsewhere."""
         norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
@@ -143,9 +154,17 @@ class RotaryEmbedding(nn.Module):
             return apply_rope(q, k, positions, self.cos_sin, *norm)
         return rope_torch(q, k, positions, self.cos_sin, *norm)
 
-    def rotate_and_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor, q_norm: RMSNorm | None = None,
-                         k_norm: RMSNorm | None = None) -> torch.Tensor:
+    def rotate_and_cache(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> torch.Tensor:
         """`forward`, with the rotated k and v written into the paged KV cache at slot_mapping (-1: skip a
         padded row) instead of returned; returns the rotated q. One Triton kernel on CUDA."""
         norm = () if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
@@ -158,9 +177,15 @@ class RotaryEmbedding(nn.Module):
         return q
 
 
-def rope_torch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-               q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-               eps: float = 1e-6):
+def rope_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+):
     """Optional per-head RMSNorm, then RoPE, in PyTorch: the CPU path and the reference for the Triton kernel."""
     if q_norm_weight is not None:
         q, k = rms_norm_torch(q, q_norm_weight, eps), rms_norm_torch(k, k_norm_weight, eps)

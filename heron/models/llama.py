@@ -19,8 +19,13 @@ from heron.distributed import get_tp_world_size
 from heron.executor.attention import AttentionBackend, AttentionMetadata
 from heron.models.config import TransformerConfig
 from heron.models.layers import RMSNorm, RotaryEmbedding, norm_linear
-from heron.models.parallel_linear import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
-                                          VocabParallelEmbedding, default_weight_loader)
+from heron.models.parallel_linear import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    default_weight_loader,
+)
 
 
 class Attention(nn.Module):
@@ -75,15 +80,21 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = norm_linear(self.input_layernorm, x, residual, attn.qkv_proj.weight, attn.qkv_proj.bias)
         x = attn(positions, qkv, meta)
-        gate_up, residual = norm_linear(self.post_attention_layernorm, x, residual, mlp.gate_up_proj.weight,
-                                        mlp.gate_up_proj.bias)
+        gate_up, residual = norm_linear(
+            self.post_attention_layernorm, x, residual, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+        )
         return mlp(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):
     # checkpoint name piece -> (fused parameter name piece, shard index)
-    stacked = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    stacked = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
 
     def __init__(self, cfg: TransformerConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -126,8 +137,9 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
             piece = next((p for p in self.stacked if f".{p}." in name), None)
-            target, shard = (name, None) if piece is None else (name.replace(piece, self.stacked[piece][0]),
-                                                                 self.stacked[piece][1])
+            target, shard = (
+                (name, None) if piece is None else (name.replace(piece, self.stacked[piece][0]), self.stacked[piece][1])
+            )
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")
             module = self.get_submodule(target.rpartition(".")[0])

@@ -43,8 +43,9 @@ def embedded_model_path() -> str:
     return path
 
 
-def load_source(model: str | ModelSource | None, tokenizer: str | None = None,
-                load_format: str = "auto") -> ModelSource:
+def load_source(
+    model: str | ModelSource | None, tokenizer: str | None = None, load_format: str = "auto"
+) -> ModelSource:
     """`load_format="dummy"` needs only config.json: the weights will be random, and a folder without
     tokenizer files gives a source without a tokenizer (prompts must then be token ids). A ModelSource
     passes through: benchmarks hand Heron the very tensors a transformers model holds."""
@@ -73,11 +74,16 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
-                                                               "*.jinja", "tokenizer*"]))
+        return Path(
+            snapshot_download(
+                repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+            )
+        )
     except Exception as e:  # offline, unknown repo, gated repo: all end the same way for the user
-        raise ValueError(f"model {repo_id!r} is neither a local folder, a .gguf file, nor a hub id that "
-                         f"could be fetched ({type(e).__name__}: {e}).") from e
+        raise ValueError(
+            f"model {repo_id!r} is neither a local folder, a .gguf file, nor a hub id that "
+            f"could be fetched ({type(e).__name__}: {e})."
+        ) from e
 
 
 def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool) -> ModelSource:
@@ -92,8 +98,9 @@ def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool) -
     gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
     has_tokenizer = tokenizer or any(path.glob("tokenizer*"))
     tok = AutoTokenizer.from_pretrained(tokenizer or str(path)) if has_tokenizer or not dummy else None
-    return ModelSource(name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files),
-                       tokenizer=tok, generation_config=gen)
+    return ModelSource(
+        name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files), tokenizer=tok, generation_config=gen
+    )
 
 
 def _safetensors_files(path: Path) -> list[Path]:

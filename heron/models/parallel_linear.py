@@ -18,8 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heron.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
-                               tensor_model_parallel_all_reduce)
+from heron.distributed import (
+    get_tp_rank,
+    get_tp_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 from heron.models import blas
 from heron.models.layers import linear, swiglu_linear
 
@@ -123,9 +127,9 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
         _check(loaded_weight, self.num_embeddings, param.shape[1])
-        rows = loaded_weight[self.start: self.start + self.local_rows]
+        rows = loaded_weight[self.start : self.start + self.local_rows]
         param.data[: len(rows)].copy_(rows)
-        param.data[len(rows):].zero_()
+        param.data[len(rows) :].zero_()
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -48,6 +48,7 @@ def test_embedded_model_matches_heron_greedy():
     hf = load_hf_model(None, torch.float32, torch.device("cpu"))
     assert hf.lm_head.weight is hf.model.embed_tokens.weight
     theirs = generate_batch(hf, [prompt], 12, 0.0)[0].tolist()
-    ours = LLM(kv_cache_memory=1 << 26, max_model_len=64).generate([prompt], SamplingParams(temperature=0, max_tokens=12,
-                                                                         ignore_eos=True), use_tqdm=False)
+    ours = LLM(kv_cache_memory=1 << 26, max_model_len=64).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
     assert ours[0].outputs[0].token_ids == theirs

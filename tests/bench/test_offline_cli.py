@@ -23,10 +23,29 @@ def test_bench_subcommands_are_registered(capsys):
 
 
 def test_throughput_with_hf_baseline_saves_the_result(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    argv = ["bench", "throughput", "--model", tiny_model_dir("llama"), *TINY_ENGINE, "--num-prompts", "4",
-            "--input-len-range", "5,12", "--output-len-range", "3,6", "--batch-size", "4", "--hf-baseline",
-            "--hf-batch-size", "2", "--save-result", "--result-name", "cpu-offline-test", "--results-dir",
-            str(tmp_path)]
+    argv = [
+        "bench",
+        "throughput",
+        "--model",
+        tiny_model_dir("llama"),
+        *TINY_ENGINE,
+        "--num-prompts",
+        "4",
+        "--input-len-range",
+        "5,12",
+        "--output-len-range",
+        "3,6",
+        "--batch-size",
+        "4",
+        "--hf-baseline",
+        "--hf-batch-size",
+        "2",
+        "--save-result",
+        "--result-name",
+        "cpu-offline-test",
+        "--results-dir",
+        str(tmp_path),
+    ]
     monkeypatch.setattr("sys.argv", ["/some/bin/heron", *argv])
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -48,10 +67,31 @@ def test_throughput_dummy_weights_hf_subset_no_limit(tiny_model_dir, tmp_path):
     """--load-format dummy (random weights on both sides, the GPU benchmarks' case)."""
     parser = argparse.ArgumentParser()
     throughput.add_cli_args(parser)
-    args = parser.parse_args(["--model", tiny_model_dir("llama"), *TINY_ENGINE, "--num-prompts", "6",
-                              "--input-len-range", "4", "--output-len-range", "2,3", "--batch-size", "3",
-                              "--hf-baseline", "--hf-num-prompts", "2", "--no-limit", "--temperature", "0",
-                              "--load-format", "dummy", "--max-model-len", "64"])
+    args = parser.parse_args(
+        [
+            "--model",
+            tiny_model_dir("llama"),
+            *TINY_ENGINE,
+            "--num-prompts",
+            "6",
+            "--input-len-range",
+            "4",
+            "--output-len-range",
+            "2,3",
+            "--batch-size",
+            "3",
+            "--hf-baseline",
+            "--hf-num-prompts",
+            "2",
+            "--no-limit",
+            "--temperature",
+            "0",
+            "--load-format",
+            "dummy",
+            "--max-model-len",
+            "64",
+        ]
+    )
     result = throughput.run(args)
     m = result["metrics"]
     assert m["num_requests"] == 6 and m["hf_num_requests"] == 2 and m["hf_batch_size"] == 3
@@ -61,9 +101,25 @@ def test_throughput_dummy_weights_hf_subset_no_limit(tiny_model_dir, tmp_path):
 
 
 def test_latency_saves_the_result(tiny_model_dir, tmp_path, capsys):
-    argv = ["bench", "latency", "--model", tiny_model_dir("llama"), *TINY_ENGINE, "--input-len", "8",
-            "--output-len", "5", "--num-iters", "2", "--hf-baseline", "--save-result", "--result-name", "lat",
-            "--results-dir", str(tmp_path)]
+    argv = [
+        "bench",
+        "latency",
+        "--model",
+        tiny_model_dir("llama"),
+        *TINY_ENGINE,
+        "--input-len",
+        "8",
+        "--output-len",
+        "5",
+        "--num-iters",
+        "2",
+        "--hf-baseline",
+        "--save-result",
+        "--result-name",
+        "lat",
+        "--results-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     assert "transformers generate" in capsys.readouterr().out
     result = json.loads((tmp_path / "lat.json").read_text())

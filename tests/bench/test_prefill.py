@@ -27,9 +27,25 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 def test_prefill_saves_the_result(tiny_model_dir, tmp_path, capsys, monkeypatch):
     model = tiny_model_dir("llama")
-    argv = ["bench", "latency", "--prefill", "--model", model, *TINY_ENGINE, "--batch-size", "3", "--input-len",
-            "40", "--max-num-batched-tokens", "64", "--num-iters", "2", "--save-result", "--results-dir",
-            str(tmp_path)]
+    argv = [
+        "bench",
+        "latency",
+        "--prefill",
+        "--model",
+        model,
+        *TINY_ENGINE,
+        "--batch-size",
+        "3",
+        "--input-len",
+        "40",
+        "--max-num-batched-tokens",
+        "64",
+        "--num-iters",
+        "2",
+        "--save-result",
+        "--results-dir",
+        str(tmp_path),
+    ]
     monkeypatch.setattr("sys.argv", ["/some/bin/heron", *argv])
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -54,8 +70,20 @@ def test_prefill_refuses_prefix_cache_hits(tiny_model_dir, monkeypatch):
     """Batches that repeat a prompt would be partly served from the cache: the run must notice."""
     same = lambda n, *rest: [BenchRequest(list(range(1, 33)), 1)] * n
     monkeypatch.setattr(prefill, "random_token_requests", same)
-    args = _args(["--prefill", "--model", tiny_model_dir("llama"), *TINY_ENGINE, "--batch-size", "2",
-                  "--input-len", "32", "--num-iters", "1"])
+    args = _args(
+        [
+            "--prefill",
+            "--model",
+            tiny_model_dir("llama"),
+            *TINY_ENGINE,
+            "--batch-size",
+            "2",
+            "--input-len",
+            "32",
+            "--num-iters",
+            "1",
+        ]
+    )
     with pytest.raises(RuntimeError, match="prefix-cache hits"):
         prefill.run(args)
 

@@ -27,13 +27,17 @@ def test_git_commit_is_head():
 
 
 def test_command_line_names_the_console_script():
-    assert command_line(["/usr/bin/heron", "bench", "throughput", "--result-name", "a b"]) == \
-        "heron bench throughput --result-name 'a b'"
+    assert (
+        command_line(["/usr/bin/heron", "bench", "throughput", "--result-name", "a b"])
+        == "heron bench throughput --result-name 'a b'"
+    )
 
 
 def test_format_table():
-    text = format_table([("Heron", 1234, 0.5, 2468.0, None), ("hf", 10, 2.0, 5.0, 3.25)],
-                        ("run", "tokens", "seconds", "tokens/s", "ratio"))
+    text = format_table(
+        [("Heron", 1234, 0.5, 2468.0, None), ("hf", 10, 2.0, 5.0, 3.25)],
+        ("run", "tokens", "seconds", "tokens/s", "ratio"),
+    )
     lines = text.splitlines()
     assert len(lines) == 4 and all(line.startswith("| ") and line.endswith(" |") for line in lines)
     assert "1,234" in lines[2] and "2,468" in lines[2] and "| -" in lines[2]

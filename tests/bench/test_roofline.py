@@ -4,10 +4,25 @@ import torch
 from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, prefill_flops, workload_bound
 from heron.models.config import TransformerConfig
 
-CFG = TransformerConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=16, intermediate_size=32,
-                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, rms_norm_eps=1e-6,
-                        rope_theta=1e4, rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=False,
-                        attention_bias=False, qk_norm=False, eos_token_ids=(), bos_token_id=None)
+CFG = TransformerConfig(
+    architecture="LlamaForCausalLM",
+    vocab_size=100,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    qk_norm=False,
+    eos_token_ids=(),
+    bos_token_id=None,
+)
 
 
 class _Tiny(torch.nn.Module):
@@ -31,8 +46,9 @@ def test_model_cost_counts_what_a_decode_step_reads():
 
 
 def test_workload_bound_matches_a_step_by_step_count():
-    cost = ModelCost(layer_params=1000, lm_head_params=100, decode_weight_bytes=10_000, kv_bytes_per_token=10,
-                     attn_flops_per_pair=7)
+    cost = ModelCost(
+        layer_params=1000, lm_head_params=100, decode_weight_bytes=10_000, kv_bytes_per_token=10, attn_flops_per_pair=7
+    )
     lengths = [(5, 3), (2, 6), (4, 1)]
     kv_reads = sum(p + j for p, o in lengths for j in range(1, o))  # fed-back token j attends to p + j keys
     pairs = sum(i for p, o in lengths for i in range(1, p + o))
@@ -50,8 +66,9 @@ def test_machine_rates_are_positive():
 
 
 def test_prefill_flops_count_the_lm_head_once_per_prompt():
-    cost = ModelCost(layer_params=1000, lm_head_params=100, decode_weight_bytes=0, kv_bytes_per_token=0,
-                     attn_flops_per_pair=7)
+    cost = ModelCost(
+        layer_params=1000, lm_head_params=100, decode_weight_bytes=0, kv_bytes_per_token=0, attn_flops_per_pair=7
+    )
     matmul, attention = prefill_flops(cost, [3, 5])
     assert matmul == 2 * 1000 * 8 + 2 * 100 * 2
     assert attention == 7 * (1 + 2 + 3 + 1 + 2 + 3 + 4 + 5)  # query i attends to keys 1..i

@@ -24,11 +24,31 @@ from heron.bench.serve_report import peak_concurrency, summarize
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "bench-key"
 MAX_MODEL_LEN = 1024
-ISSUE_FLAGS = ["--base-url", "--model", "--endpoint", "--api-key", "--dataset-name", "--dataset-path",
-               "--random-input-len", "--random-output-len", "--random-range-ratio", "--num-prompts", "--request-rate",
-               "--burstiness", "--max-concurrency", "--ignore-eos", "--seed", "--warmup-requests",
-               "--percentile-metrics", "--metric-percentiles", "--goodput", "--save-result", "--result-dir", "--label",
-               "--metadata"]
+ISSUE_FLAGS = [
+    "--base-url",
+    "--model",
+    "--endpoint",
+    "--api-key",
+    "--dataset-name",
+    "--dataset-path",
+    "--random-input-len",
+    "--random-output-len",
+    "--random-range-ratio",
+    "--num-prompts",
+    "--request-rate",
+    "--burstiness",
+    "--max-concurrency",
+    "--ignore-eos",
+    "--seed",
+    "--warmup-requests",
+    "--percentile-metrics",
+    "--metric-percentiles",
+    "--goodput",
+    "--save-result",
+    "--result-dir",
+    "--label",
+    "--metadata",
+]
 
 
 def bench(*argv: str) -> int:
@@ -47,10 +67,27 @@ def server():
     # One OpenMP thread: the client shares the two cores, and OpenMP threads that wait for a descheduled
     # sibling made decode steps ~10x slower on a busy machine (this module: 2 minutes instead of 25 s).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "heron.entrypoints.cli", "serve", "--port", str(port),
-                             "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN),
-                             "--kv-cache-memory-bytes", str(256 << 20), "--uvicorn-log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "heron.entrypoints.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--api-key",
+            API_KEY,
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--kv-cache-memory-bytes",
+            str(256 << 20),
+            "--uvicorn-log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -82,10 +119,33 @@ def sweep(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("serve-bench")
     offline = out / "offline.json"  # as `heron bench throughput --save-result` writes it
     offline.write_text(json.dumps({"name": "offline", "metrics": {"output_tokens_per_s": 1000.0}}))
-    rc = bench("--base-url", server, "--api-key", API_KEY, "--num-prompts", "12", "--random-input-len", "24",
-               "--random-output-len", "8", "--ignore-eos", "--request-rate", "20,inf", "--goodput", "ttft:600000",
-               "--offline-result", str(offline), "--save-result", "--result-dir", str(out), "--label", "sweep",
-               "--metadata", "engine=heron", "run=ci")
+    rc = bench(
+        "--base-url",
+        server,
+        "--api-key",
+        API_KEY,
+        "--num-prompts",
+        "12",
+        "--random-input-len",
+        "24",
+        "--random-output-len",
+        "8",
+        "--ignore-eos",
+        "--request-rate",
+        "20,inf",
+        "--goodput",
+        "ttft:600000",
+        "--offline-result",
+        str(offline),
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--label",
+        "sweep",
+        "--metadata",
+        "engine=heron",
+        "run=ci",
+    )
     assert rc == 0
     return {rate: json.loads((out / f"sweep-rate-{rate}.json").read_text()) for rate in ("20", "inf")}, out
 
@@ -103,12 +163,32 @@ def test_finite_rate_and_inf_complete_without_failures(sweep):
 
 def test_result_has_every_field(sweep):
     run = sweep[0]["inf"]
-    assert {"name", "date", "gpu", "commit", "command", "metrics", "config", "metadata", "errors",
-            "requests"} <= run.keys()
+    assert {
+        "name",
+        "date",
+        "gpu",
+        "commit",
+        "command",
+        "metrics",
+        "config",
+        "metadata",
+        "errors",
+        "requests",
+    } <= run.keys()
     assert run["name"] == "sweep-rate-inf" and run["metadata"] == {"engine": "heron", "run": "ci"}
     m = run["metrics"]
-    for key in ("completed", "failed", "duration_s", "input_tokens", "output_tokens", "requests_per_s",
-                "output_tokens_per_s", "total_tokens_per_s", "peak_concurrency", "goodput_requests_per_s"):
+    for key in (
+        "completed",
+        "failed",
+        "duration_s",
+        "input_tokens",
+        "output_tokens",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "peak_concurrency",
+        "goodput_requests_per_s",
+    ):
         assert m[key] is not None, key
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99"):
@@ -117,8 +197,22 @@ def test_result_has_every_field(sweep):
     assert m["goodput_requests_per_s"] == pytest.approx(m["requests_per_s"])  # a 600 s TTFT bound: all meet it
     assert 1 <= m["peak_concurrency"] <= 12
     for r in run["requests"]:
-        assert {"index", "success", "status", "error", "start_s", "prompt_len", "output_len", "output_tokens",
-                "output_tokens_source", "usage", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"} <= r.keys()
+        assert {
+            "index",
+            "success",
+            "status",
+            "error",
+            "start_s",
+            "prompt_len",
+            "output_len",
+            "output_tokens",
+            "output_tokens_source",
+            "usage",
+            "ttft_ms",
+            "tpot_ms",
+            "e2el_ms",
+            "itl_ms",
+        } <= r.keys()
 
 
 def test_ttft_within_e2el(sweep):
@@ -151,13 +245,38 @@ def test_sweep_writes_the_plot_and_the_report(sweep):
 
 def test_a_rejected_request_is_counted_with_its_message(server, tmp_path, capsys):
     workload = tmp_path / "w.jsonl"
-    workload.write_text("\n".join(json.dumps(row) for row in [
-        {"prompt": "Name a colour.", "output_len": 4},
-        {"prompt": "Name a fruit.", "output_len": 2 * MAX_MODEL_LEN},  # cannot fit: the server answers 400
-        {"prompt": "Name a tree.", "output_len": 3}]) + "\n")
-    rc = bench("--base-url", f"{server}/v1", "--api-key", API_KEY, "--endpoint", "/v1/chat/completions",
-               "--dataset-name", "jsonl", "--dataset-path", str(workload), "--num-prompts", "3",
-               "--warmup-requests", "0", "--save-result", "--result-dir", str(tmp_path), "--label", "rejected")
+    workload.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in [
+                {"prompt": "Name a colour.", "output_len": 4},
+                {"prompt": "Name a fruit.", "output_len": 2 * MAX_MODEL_LEN},  # cannot fit: the server answers 400
+                {"prompt": "Name a tree.", "output_len": 3},
+            ]
+        )
+        + "\n"
+    )
+    rc = bench(
+        "--base-url",
+        f"{server}/v1",
+        "--api-key",
+        API_KEY,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--dataset-name",
+        "jsonl",
+        "--dataset-path",
+        str(workload),
+        "--num-prompts",
+        "3",
+        "--warmup-requests",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--label",
+        "rejected",
+    )
     assert rc == 0
     run = json.loads((tmp_path / "rejected.json").read_text())
     assert run["metrics"]["completed"] == 2 and run["metrics"]["failed"] == 1
@@ -171,8 +290,20 @@ def test_a_rejected_request_is_counted_with_its_message(server, tmp_path, capsys
 def test_wrong_api_key_fails_every_request_with_the_servers_message(server, tmp_path, capsys):
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"prompt": "Hi", "output_len": 2}) + "\n")
-    rc = bench("--base-url", server, "--model", MODEL, "--api-key", "wrong", "--dataset-name", "jsonl",
-               "--dataset-path", str(workload), "--warmup-requests", "0")
+    rc = bench(
+        "--base-url",
+        server,
+        "--model",
+        MODEL,
+        "--api-key",
+        "wrong",
+        "--dataset-name",
+        "jsonl",
+        "--dataset-path",
+        str(workload),
+        "--warmup-requests",
+        "0",
+    )
     assert rc == 1  # nothing completed
     assert "1 x HTTP 401: " in capsys.readouterr().out
 
@@ -193,8 +324,12 @@ class _Result:  # the fields of serve.RequestResult that the summary reads
 
 
 def test_summary_arithmetic():
-    results = [_Result(0.0, 1.0, 0.1, 10, [0.1] * 9), _Result(0.5, 2.5, 0.5, 5, [0.5] * 4),
-               _Result(3.0, 3.2, 0.2, 1), _Result(1.0, 1.5, None, 0, success=False)]
+    results = [
+        _Result(0.0, 1.0, 0.1, 10, [0.1] * 9),
+        _Result(0.5, 2.5, 0.5, 5, [0.5] * 4),
+        _Result(3.0, 3.2, 0.2, 1),
+        _Result(1.0, 1.5, None, 0, success=False),
+    ]
     results[-1].error = "HTTP 503: busy"
     m = summarize(results, duration=4.0, percentiles=[50, 100], slos_ms={"ttft": 300})
     assert (m["completed"], m["failed"], m["output_tokens"], m["input_tokens"]) == (3, 1, 16, 30)

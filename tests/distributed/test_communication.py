@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from heron.distributed import (destroy_distributed, get_tp_rank, get_tp_world_size, init_distributed,
-                               tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+from heron.distributed import (
+    destroy_distributed,
+    get_tp_rank,
+    get_tp_world_size,
+    init_distributed,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 
 
 def test_without_a_group_this_is_rank_0_of_1_and_collectives_return_their_input():

@@ -76,7 +76,7 @@ def test_text_prompts_are_tokenized_in_the_api_process(async_llm, monkeypatch):
     ids = tok.tok.encode("Hello there", add_special_tokens=False)
 
     async def run(prompt, rid, add_special):
-        async for out in async_llm.generate(prompt, SamplingParams(max_tokens=2), rid, add_special_tokens=add_special):
+        async for out in async_llm.generate(prompt, SamplingParams(max_tokens=2), rid, add_special_tokens=add_special):  # noqa: B007 (the last one is returned)
             pass
         return out, threading.get_ident()
 
@@ -95,8 +95,9 @@ def test_text_prompts_are_tokenized_in_the_api_process(async_llm, monkeypatch):
 
 def test_leaving_early_aborts_and_frees_blocks(async_llm):
     async def run():
-        async for out in async_llm.generate("Tell me a long story", SamplingParams(max_tokens=500, ignore_eos=True),
-                                            "leaver"):
+        async for out in async_llm.generate(
+            "Tell me a long story", SamplingParams(max_tokens=500, ignore_eos=True), "leaver"
+        ):
             if len(out.outputs[0].token_ids) >= 3:
                 break
         for _ in range(200):  # the abort and the stats after it cross the pipes asynchronously
@@ -113,6 +114,7 @@ def test_leaving_early_aborts_and_frees_blocks(async_llm):
 def test_a_dead_engine_process_fails_requests_instead_of_hanging():
     engine = _start()
     try:
+
         async def run():
             gen = engine.generate("Count to a thousand:", SamplingParams(max_tokens=2000, ignore_eos=True), "d")
             await gen.__anext__()

@@ -8,8 +8,13 @@ import random
 
 import pytest
 
-from heron.engine.detokenizer import (MAX_PENDING_TOKENS, REPLACEMENT_CHAR, IncrementalDetokenizer,
-                                      StopChecker, _decodes_through_backend)
+from heron.engine.detokenizer import (
+    MAX_PENDING_TOKENS,
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    StopChecker,
+    _decodes_through_backend,
+)
 
 MULTIBYTE = "안녕하세요 👋🏽 世界"
 TEXTS = [
@@ -38,8 +43,9 @@ def tok():
 
 @pytest.fixture(scope="session")
 def prompt(tok):
-    return tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
-                                   tokenize=True, return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def enc(tok, text: str) -> list[int]:
@@ -48,7 +54,7 @@ def enc(tok, text: str) -> list[int]:
 
 def stream(tok, prompt, ids, chunk=1, **kw) -> tuple[IncrementalDetokenizer, list[str]]:
     detok = IncrementalDetokenizer(tok, prompt, **kw)
-    pieces = [detok.step(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+    pieces = [detok.step(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
     pieces.append(detok.flush())
     return detok, pieces
 
@@ -88,8 +94,15 @@ def test_without_or_with_prompt_context(tok, prompt, prompt_ids):
 
 def test_random_multilingual_text(tok, prompt):
     rng = random.Random(0)
-    ranges = [(0x20, 0x7E), (0xC0, 0x17F), (0x3040, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3),
-              (0x1F300, 0x1F64F), (0x1F900, 0x1F9FF)]
+    ranges = [
+        (0x20, 0x7E),
+        (0xC0, 0x17F),
+        (0x3040, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0x1F300, 0x1F64F),
+        (0x1F900, 0x1F9FF),
+    ]
     for _ in range(30):
         text = "".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(rng.randint(1, 40)))
         ids = enc(tok, text)
@@ -159,8 +172,9 @@ def word_tokenizer(clean_up: bool):
     t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
     t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     t.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>",
-                                   clean_up_tokenization_spaces=clean_up)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=t, bos_token="<s>", eos_token="</s>", clean_up_tokenization_spaces=clean_up
+    )
 
 
 def pieces_both_ways(tok, prompt_ids, ids, **kw) -> tuple[list[str], list[str]]:
@@ -259,12 +273,15 @@ def run_engine(tok, prompt, ids, stop, include=False):
 
 
 @pytest.mark.parametrize("include", [False, True])
-@pytest.mark.parametrize("text, stop, before", [
-    ("The answer is 42. Done here.", "answer is 4", "The "),
-    ("The answer is 42. Done here.", "2. Do", "The answer is 4"),
-    ("인사: 안녕하세요 세계", "하세요", "인사: 안녕"),
-    ("Wave 👋🏽 now", "👋🏽 n", "Wave "),
-])
+@pytest.mark.parametrize(
+    "text, stop, before",
+    [
+        ("The answer is 42. Done here.", "answer is 4", "The "),
+        ("The answer is 42. Done here.", "2. Do", "The answer is 4"),
+        ("인사: 안녕하세요 세계", "하세요", "인사: 안녕"),
+        ("Wave 👋🏽 now", "👋🏽 n", "Wave "),
+    ],
+)
 def test_stop_string_spanning_tokens(tok, prompt, text, stop, before, include):
     ids = enc(tok, text)
     assert not any(stop in tok.decode([i]) for i in ids)  # really spans several tokens

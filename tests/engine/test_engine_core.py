@@ -17,15 +17,20 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("prompt_kind", ["text", "ids"])
 def test_folded_deltas_equal_cumulative_outputs(embedded_llm, prompt_kind):
     engine = embedded_llm.engine
-    params = SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=12, logprobs=2, prompt_logprobs=1,
-                            stop=["fruitless"])
+    params = SamplingParams(
+        n=2, temperature=0.9, seed=5, max_tokens=12, logprobs=2, prompt_logprobs=1, stop=["fruitless"]
+    )
     text = "Write a list of fruits:"
     ids = engine.tokenize(text)
     prompt = text if prompt_kind == "text" else ids
     engine.add_request("cumulative", prompt, params)
     # as the engine process gets it: a text prompt comes with the ids the API process made
-    engine.add_request("delta", prompt, replace(params, output_kind=RequestOutputKind.DELTA),
-                       prompt_token_ids=ids if prompt_kind == "text" else None)
+    engine.add_request(
+        "delta",
+        prompt,
+        replace(params, output_kind=RequestOutputKind.DELTA),
+        prompt_token_ids=ids if prompt_kind == "text" else None,
+    )
     acc, steps = OutputAccumulator("delta", text if prompt_kind == "text" else None, ids), 0
     while engine.has_unfinished():
         advanced = {r.request_id: r for r in engine.advance()}

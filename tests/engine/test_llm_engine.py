@@ -62,8 +62,9 @@ def test_generated_blocks_enter_the_prefix_cache(embedded_llm):
     engine = embedded_llm.engine
     bs = engine.block_manager.block_size
     prompt = engine.tokenize("Write a long story about a heron that learns to fish in a river.")
-    out = embedded_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4 * bs, ignore_eos=True),
-                                use_tqdm=False)[0]
+    out = embedded_llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=4 * bs, ignore_eos=True), use_tqdm=False
+    )[0]
     follow_up = prompt + out.outputs[0].token_ids + engine.tokenize(" The end.", add_special_tokens=False)
     hits = engine.block_manager.prefix_hits
     embedded_llm.generate([follow_up], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
@@ -87,8 +88,11 @@ def test_a_text_prompt_with_its_ids_is_not_tokenized_again_and_still_validated(e
     [out] = _stream(engine, [], params)["given-ids"]
     assert out.prompt == "the text the client sent" and out.prompt_token_ids == ids
     assert out.outputs[0].token_ids == embedded_llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
-    for bad, match in [([], "empty"), ([engine.model_cfg.vocab_size], "must be in"),
-                       ([1] * engine.max_model_len, str(engine.max_model_len))]:
+    for bad, match in [
+        ([], "empty"),
+        ([engine.model_cfg.vocab_size], "must be in"),
+        ([1] * engine.max_model_len, str(engine.max_model_len)),
+    ]:
         with pytest.raises(ValueError, match=match):
             engine.add_request("bad", "text", params, prompt_token_ids=bad)
     assert not engine.has_unfinished() and "bad" not in engine.requests

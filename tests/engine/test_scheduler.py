@@ -12,14 +12,21 @@ from heron.sampling_params import SamplingParams
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens=32, policy="fcfs", swap_blocks=0):
     bm = BlockManager(num_blocks, block_size, num_cpu_blocks=swap_blocks)
-    cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, policy=policy,
-                          max_model_len=1024)
+    cfg = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, policy=policy, max_model_len=1024
+    )
     return Scheduler(cfg, bm)
 
 
 def add(sched, rid, prompt_len, max_tokens=4, priority=0, arrival=None):
-    req = Request(rid, None, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
-                  priority=priority, arrival_time=arrival if arrival is not None else len(sched.waiting))
+    req = Request(
+        rid,
+        None,
+        list(range(1, prompt_len + 1)),
+        SamplingParams(max_tokens=max_tokens),
+        priority=priority,
+        arrival_time=arrival if arrival is not None else len(sched.waiting),
+    )
     sched.add(req.seqs[0])
     return req
 
@@ -27,7 +34,7 @@ def add(sched, rid, prompt_len, max_tokens=4, priority=0, arrival=None):
 def step(sched):
     batch = sched.schedule()
     sched.update(batch)
-    for seq, n in zip(batch.seqs, batch.num_tokens):
+    for seq, _n in zip(batch.seqs, batch.num_tokens):
         if seq.num_computed_tokens == len(seq.token_ids):
             seq.token_ids.append(7)
             if seq.num_output_tokens >= seq.params.max_tokens:

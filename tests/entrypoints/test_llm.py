@@ -36,8 +36,9 @@ def test_chat_applies_the_template(embedded_llm):
 def test_finish_reasons(embedded_llm):
     length = embedded_llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert length[0].outputs[0].finish_reason == "length" and len(length[0].outputs[0].token_ids) == 3
-    chat = embedded_llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0, max_tokens=200),
-                             use_tqdm=False)[0].outputs[0]
+    chat = embedded_llm.chat(
+        [{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0, max_tokens=200), use_tqdm=False
+    )[0].outputs[0]
     assert chat.finish_reason == "stop" and chat.stop_reason is None  # the EOS token
     assert "<|im_end|>" not in chat.text
 
@@ -45,12 +46,17 @@ def test_finish_reasons(embedded_llm):
 def test_same_seed_same_output_whatever_the_batch(embedded_llm):
     p = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=42, ignore_eos=True)
     alone = embedded_llm.generate("A story about a fox:", p, use_tqdm=False)[0].outputs[0].token_ids
-    batch = embedded_llm.generate(["Unrelated", "A story about a fox:", "Also unrelated"],
-                                  [SamplingParams(temperature=0.7, max_tokens=20), p,
-                                   SamplingParams(temperature=0, max_tokens=3)], use_tqdm=False)
+    batch = embedded_llm.generate(
+        ["Unrelated", "A story about a fox:", "Also unrelated"],
+        [SamplingParams(temperature=0.7, max_tokens=20), p, SamplingParams(temperature=0, max_tokens=3)],
+        use_tqdm=False,
+    )
     assert batch[1].outputs[0].token_ids == alone
-    other = embedded_llm.generate("A story about a fox:", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12,
-                                                                        seed=43, ignore_eos=True), use_tqdm=False)
+    other = embedded_llm.generate(
+        "A story about a fox:",
+        SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=43, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert other[0].outputs[0].token_ids != alone
 
 
@@ -78,17 +84,24 @@ def test_stop_strings_cut_the_text(embedded_llm):
     full = embedded_llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].text
     stop = full[8:12]
     assert stop and stop in full
-    cut = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop]),
-                                use_tqdm=False)[0].outputs[0]
+    cut = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop]), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop" and cut.stop_reason == stop
-    kept = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop],
-                                                        include_stop_str_in_output=True), use_tqdm=False)
+    kept = embedded_llm.generate(
+        prompt,
+        SamplingParams(temperature=0, max_tokens=30, stop=[stop], include_stop_str_in_output=True),
+        use_tqdm=False,
+    )
     assert kept[0].outputs[0].text == full[: full.index(stop) + len(stop)]
 
 
 def test_logprobs_and_prompt_logprobs(embedded_llm):
-    out = embedded_llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=4, logprobs=3,
-                                                                     prompt_logprobs=2), use_tqdm=False)[0]
+    out = embedded_llm.generate(
+        "The quick brown fox",
+        SamplingParams(temperature=0, max_tokens=4, logprobs=3, prompt_logprobs=2),
+        use_tqdm=False,
+    )[0]
     c = out.outputs[0]
     assert len(c.logprobs) == 4
     for tok, lp in zip(c.token_ids, c.logprobs):
@@ -113,8 +126,19 @@ def test_more_samples_than_max_num_seqs_is_refused(embedded_llm):
         embedded_llm.generate("hi", SamplingParams(n=300), use_tqdm=False)
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
-                                         ("n", 0), ("max_tokens", 0), ("min_p", 2), ("presence_penalty", 3)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -1),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("n", 0),
+        ("max_tokens", 0),
+        ("min_p", 2),
+        ("presence_penalty", 3),
+    ],
+)
 def test_invalid_sampling_fields_are_named(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

@@ -43,8 +43,17 @@ def test_step_arrays_are_packed_views_whose_graph_inputs_stay_put():
     spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in vars(step.dev).values())
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
     assert all(start % 16 == 0 for start, _ in spans)  # Triton's aligned-pointer specialisation holds
-    assert [len(t) for t in (step.dev.input_ids, step.dev.query_start_loc, step.dev.seq_lens, step.dev.block_tables,
-                             step.dev.logits_indices, step.dev.prompt_lp_targets)] == [6, 5, 4, 4, 3, 2]
+    assert [
+        len(t)
+        for t in (
+            step.dev.input_ids,
+            step.dev.query_start_loc,
+            step.dev.seq_lens,
+            step.dev.block_tables,
+            step.dev.logits_indices,
+            step.dev.prompt_lp_targets,
+        )
+    ] == [6, 5, 4, 4, 3, 2]
     step.np.block_tables[3, 4] = 7  # the numpy, host and device views share memory (one buffer on the CPU)
     assert step.dev.block_tables[3, 4].item() == 7 and step.host.block_tables[3, 4].item() == 7
     base = step.shared.data_ptr()
@@ -52,8 +61,9 @@ def test_step_arrays_are_packed_views_whose_graph_inputs_stay_put():
     graph_inputs = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables")
     other = buffers.arrays(num_tokens=6, num_seqs=6, num_logits=0, num_targets=0)
     again = buffers.arrays(num_tokens=6, num_seqs=6, num_logits=5, num_targets=1)
-    assert [getattr(other.dev, k).data_ptr() for k in graph_inputs] == \
-           [getattr(again.dev, k).data_ptr() for k in graph_inputs]
+    assert [getattr(other.dev, k).data_ptr() for k in graph_inputs] == [
+        getattr(again.dev, k).data_ptr() for k in graph_inputs
+    ]
 
 
 def _filled(buffers: InputBuffers, key: tuple[int, int], q_lens: list[int]) -> SimpleNamespace:

@@ -14,11 +14,28 @@ from heron import LLM, SamplingParams
 from heron.executor.graph_keys import GraphKeys
 from heron.models.loader import ModelSource
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA (captures CUDA graphs)")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (captures CUDA graphs)"),
+        ],
+    ),
+]
 # prompt length -> the graph its one prefill step runs in (a decode graph for one token; eager past 512)
-LENGTHS = {1: (1, 1), 15: (16, 8), 16: (16, 8), 17: (32, 8), 100: (128, 8), 128: (128, 8), 300: (512, 8),
-           512: (512, 8), 513: None}
+LENGTHS = {
+    1: (1, 1),
+    15: (16, 8),
+    16: (16, 8),
+    17: (32, 8),
+    100: (128, 8),
+    128: (128, 8),
+    300: (512, 8),
+    512: (512, 8),
+    513: None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +44,29 @@ def source() -> ModelSource:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=1024,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    cfg = Qwen3Config(
+        vocab_size=2048,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.1)
     weights = model.state_dict()
-    return ModelSource(name="tiny-qwen3", hf_config=cfg.to_dict(), weights=lambda: iter(weights.items()),
-                       tokenizer=None)
+    return ModelSource(
+        name="tiny-qwen3", hf_config=cfg.to_dict(), weights=lambda: iter(weights.items()), tokenizer=None
+    )
 
 
 def _engines(source: ModelSource, device: str, **kw) -> tuple[LLM, LLM, list]:
@@ -100,8 +129,9 @@ def test_a_decode_beside_new_prompts_and_chunked_prefill(source, device):
         for _ in range(2):  # its prefill, then it decodes
             engine.step()
         engine.add_request("long", long, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-        engine.add_request("short", short, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
-                                                          prompt_logprobs=3))
+        engine.add_request(
+            "short", short, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=3)
+        )
         while engine.has_unfinished():
             done.update((out.request_id, out) for out in engine.step() if out.finished)
         outputs.append(done)

@@ -125,10 +125,16 @@ def test_thresholds_match_their_definitions(monkeypatch, candidates, sort_rows):
 
     monkeypatch.setattr(sampler_mod, "TOP_P_CANDIDATES", candidates)
     monkeypatch.setattr(sampler_mod, "TOP_P_SORT_MAX_ROWS", sort_rows)
-    params = [SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.8, top_p=0.9),
-              SamplingParams(temperature=1.5, top_p=0.3), SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
-              SamplingParams(temperature=0.7, min_p=0.2), SamplingParams(temperature=2.0, top_k=12, min_p=0.3),
-              SamplingParams(temperature=1.0, top_p=0.99), SamplingParams(temperature=1.0)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=1.5, top_p=0.3),
+        SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
+        SamplingParams(temperature=0.7, min_p=0.2),
+        SamplingParams(temperature=2.0, top_k=12, min_p=0.3),
+        SamplingParams(temperature=1.0, top_p=0.99),
+        SamplingParams(temperature=1.0),
+    ]
     torch.manual_seed(4)
     logits = torch.randn(len(params), V)
     t = SamplingTensors.build(rows_for(params), V, torch.device("cpu"))

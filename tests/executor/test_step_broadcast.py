@@ -43,8 +43,12 @@ class _Worker:
         self.calls.append(("moves", batch.swap_out, batch.swap_in, batch.block_copies))
 
     def _metadata(self, arrays, max_query_len: int, max_seq_len: int, cuda_graph: bool) -> SimpleNamespace:
-        return SimpleNamespace(lens=(max_query_len, max_seq_len), cuda_graph=cuda_graph,
-                               qsl=arrays.np.query_start_loc.tolist(), seq_lens=arrays.np.seq_lens.tolist())
+        return SimpleNamespace(
+            lens=(max_query_len, max_seq_len),
+            cuda_graph=cuda_graph,
+            qsl=arrays.np.query_start_loc.tolist(),
+            seq_lens=arrays.np.seq_lens.tolist(),
+        )
 
     def run_forward(self, arrays, graph, meta, logits_rows) -> None:
         rows = logits_rows if isinstance(logits_rows, int) else len(logits_rows)
@@ -60,10 +64,18 @@ def test_a_step_reaches_the_worker_with_its_graph(monkeypatch, graph, first_rows
     qsl = np.array([0, 1, 7, 9, 9, 9, 9, 9, 9][: num_seqs + 1])  # 3 sequences, 5 more padded in a graph
     arrays.np.query_start_loc[:] = qsl
     arrays.np.seq_lens[:] = np.diff(qsl) + 4
-    meta = AttentionMetadata(num_seqs=num_seqs, num_tokens=num_tokens, query_start_loc=arrays.dev.query_start_loc,
-                             seq_lens=arrays.dev.seq_lens, block_tables=arrays.dev.block_tables,
-                             slot_mapping=arrays.dev.slot_mapping, max_query_len=6, max_seq_len=10,
-                             query_start_loc_cpu=arrays.host.query_start_loc, seq_lens_cpu=arrays.host.seq_lens)
+    meta = AttentionMetadata(
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
+        query_start_loc=arrays.dev.query_start_loc,
+        seq_lens=arrays.dev.seq_lens,
+        block_tables=arrays.dev.block_tables,
+        slot_mapping=arrays.dev.slot_mapping,
+        max_query_len=6,
+        max_seq_len=10,
+        query_start_loc_cpu=arrays.host.query_start_loc,
+        seq_lens_cpu=arrays.host.seq_lens,
+    )
     batch = ScheduledBatch(swap_out=[(1, 2)], swap_in=[], block_copies=[(3, 4), (5, 6)])
     conn = _Conn()
     StepSender(Pipes([conn])).send(batch, arrays, graph, meta, 2 if first_rows else arrays.dev.logits_indices)
@@ -72,6 +84,11 @@ def test_a_step_reaches_the_worker_with_its_graph(monkeypatch, graph, first_rows
     serve_steps(worker, conn)  # one step, then the pipe is empty: EOF ends the loop
     assert worker.calls == [
         ("moves", [[1, 2]], [], [[3, 4], [5, 6]]),
-        ("forward", (num_tokens, num_seqs), (num_tokens, num_seqs) if graph else None,
-         dict(lens=(6, 10), cuda_graph=graph, qsl=qsl.tolist(), seq_lens=(np.diff(qsl) + 4).tolist()),
-         2 if first_rows else 3)]
+        (
+            "forward",
+            (num_tokens, num_seqs),
+            (num_tokens, num_seqs) if graph else None,
+            dict(lens=(6, 10), cuda_graph=graph, qsl=qsl.tolist(), seq_lens=(np.diff(qsl) + 4).tolist()),
+            2 if first_rows else 3,
+        ),
+    ]

@@ -34,10 +34,12 @@ def _kv_memory(arch: str, tp: int) -> int:
 
 
 def _generate(llm: LLM) -> tuple[list, list]:
-    params = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, prompt_logprobs=2),
-              SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=32, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, prompt_logprobs=2),
+        SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=32, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1),
+    ]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     return [[list(c.token_ids) for c in o.outputs] for o in outs], outs
 
@@ -76,8 +78,9 @@ def test_workers_follow_steps_padded_to_graph_counts(tiny_model_dir):
     expected, _ = _generate(LLM(path, kv_cache_memory=_kv_memory("llama", 1), **ENGINE))
     llm = _tp_llm(path)
     try:
-        llm.engine.runner.graph_keys = GraphKeys.plan(ENGINE["max_num_seqs"], ENGINE["max_num_batched_tokens"],
-                                                      prefill=True)
+        llm.engine.runner.graph_keys = GraphKeys.plan(
+            ENGINE["max_num_seqs"], ENGINE["max_num_batched_tokens"], prefill=True
+        )
         assert _generate(llm)[0] == expected
     finally:
         llm.shutdown()

@@ -22,12 +22,22 @@ def skip_unless_runnable(kernel, device: torch.device) -> None:
     import pytest
 
     if device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
-        pytest.skip("no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
-                    "imported before tests/kernels/conftest.py set it)", allow_module_level=True)
+        pytest.skip(
+            "no GPU and the kernels were not decorated under TRITON_INTERPRET=1 (heron.kernels was "
+            "imported before tests/kernels/conftest.py set it)",
+            allow_module_level=True,
+        )
 
 
-def make_batch(seq_lens: list[int], q_lens: list[int], block_size: int, device: torch.device,
-               gen: torch.Generator, extra_blocks: int = 7, pad_cols: int = 2) -> AttentionMetadata:
+def make_batch(
+    seq_lens: list[int],
+    q_lens: list[int],
+    block_size: int,
+    device: torch.device,
+    gen: torch.Generator,
+    extra_blocks: int = 7,
+    pad_cols: int = 2,
+) -> AttentionMetadata:
     """Sequences with shuffled, non-contiguous blocks (a random permutation of the pool), block-table
     columns past each sequence's blocks filled with random (valid) block ids that must never be read,
     and slots for the last q_len positions of each sequence."""
@@ -39,7 +49,7 @@ def make_batch(seq_lens: list[int], q_lens: list[int], block_size: int, device: 
     tables = torch.randint(0, num_blocks, (len(seq_lens), max_blocks), generator=gen, dtype=torch.int32)
     used = 0
     for i, n in enumerate(needed):
-        tables[i, :n] = perm[used:used + n].to(torch.int32)
+        tables[i, :n] = perm[used : used + n].to(torch.int32)
         used += n
     qsl = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
@@ -49,16 +59,31 @@ def make_batch(seq_lens: list[int], q_lens: list[int], block_size: int, device: 
             slots.append(int(tables[i, p // block_size]) * block_size + p % block_size)
     sl = torch.tensor(seq_lens, dtype=torch.int32)
     meta = AttentionMetadata(
-        num_seqs=len(seq_lens), num_tokens=int(qsl[-1]), query_start_loc=qsl.to(device), seq_lens=sl.to(device),
-        block_tables=tables.to(device), slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
-        max_query_len=max(q_lens, default=0), max_seq_len=max(seq_lens, default=0),
-        query_start_loc_cpu=qsl, seq_lens_cpu=sl, block_tables_cpu=tables)
+        num_seqs=len(seq_lens),
+        num_tokens=int(qsl[-1]),
+        query_start_loc=qsl.to(device),
+        seq_lens=sl.to(device),
+        block_tables=tables.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
+        max_query_len=max(q_lens, default=0),
+        max_seq_len=max(seq_lens, default=0),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=sl,
+        block_tables_cpu=tables,
+    )
     meta.num_blocks = num_blocks  # for the caller's cache size
     return meta
 
 
-def make_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-               device: torch.device, gen: torch.Generator) -> torch.Tensor:
+def make_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+) -> torch.Tensor:
     return torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
 
 

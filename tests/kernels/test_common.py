@@ -9,11 +9,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from tests.kernels.kernel_utils import pick_device
-
 from heron.kernels import common
 from heron.kernels.activation import silu_and_mul
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+from tests.kernels.kernel_utils import pick_device
 
 DEVICE = pick_device()
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) >= (9, 0)
@@ -22,9 +21,11 @@ HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) >= (
 @pytest.fixture
 def pdl_env(monkeypatch):
     """Set HERON_PDL for one test; pdl_options re-reads it."""
+
     def use(value: str) -> None:
         monkeypatch.setenv("HERON_PDL", value)
         common._pdl.cache_clear()
+
     yield use
     monkeypatch.delenv("HERON_PDL", raising=False)
     common._pdl.cache_clear()

@@ -12,8 +12,6 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from tests.kernels.kernel_utils import skip_unless_runnable, pick_device, rel_err
-
 from heron.kernels.activation import (
     _silu_and_mul_kernel,
     silu_and_mul,
@@ -22,6 +20,7 @@ from heron.kernels.activation import (
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm, rms_norm_ref
 from heron.kernels.rope import apply_rope, apply_rope_and_cache, apply_rope_ref
 from heron.models.layers import write_kv_torch
+from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -44,8 +43,9 @@ def _randn(*shape, gen, dtype, scale=1.0) -> torch.Tensor:
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    assert out.shape == ref.shape and out.dtype == ref.dtype, \
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (
         f"{what}: {tuple(out.shape)} {out.dtype} vs {tuple(ref.shape)} {ref.dtype}"
+    )
     assert not torch.isnan(out).any(), f"{what}: NaN in the output (an element left unwritten?)"
     rel_tol, max_diff = TOL[ref.dtype]
     err = rel_err(out, ref)
@@ -59,6 +59,7 @@ def _poison(shape, dtype) -> torch.Tensor:
 
 
 # -- RMSNorm ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,hidden", [(37, 64), (13, 576), (5, 1024), (2, 8192)])
@@ -103,6 +104,7 @@ def test_rms_norm_weight_dtype_promotes_like_torch():
 
 # -- q/k norm + RoPE ----------------------------------------------------------------------------------------
 
+
 def _qkv_views(tokens, num_heads, num_kv_heads, head_dim, gen, dtype):
     """q, k as the model gives them: strided views of one fused qkv projection row."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
@@ -130,8 +132,9 @@ def test_apply_rope(dtype, qk_norm, tokens, num_heads, num_kv_heads, head_dim):
     if qk_norm:
         norm = tuple((1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEVICE, dtype) for _ in range(2)) + (EPS,)
     q0, k0 = q.clone(), k.clone()
-    q_out, k_out = apply_rope(q, k, positions, cos_sin, *norm, q_out=_poison(q.shape, dtype),
-                              k_out=_poison(k.shape, dtype))
+    q_out, k_out = apply_rope(
+        q, k, positions, cos_sin, *norm, q_out=_poison(q.shape, dtype), k_out=_poison(k.shape, dtype)
+    )
     q_ref, k_ref = apply_rope_ref(q, k, positions, cos_sin, *norm)
     _check(q_out, q_ref, "q")
     _check(k_out, k_ref, "k")
@@ -185,6 +188,7 @@ def test_apply_rope_int32_positions_new_outputs():
 
 # -- silu_and_mul -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # numpy, interpreter
 @pytest.mark.parametrize("tokens,inter", [(37, 96), (3, 1100)])
@@ -197,6 +201,7 @@ def test_silu_and_mul(dtype, tokens, inter):
 
 
 # -- GPU only: production shapes, the modules' dispatch, CUDA graphs ----------------------------------------
+
 
 @gpu_only
 @pytest.mark.parametrize("tokens", [1, 64, 4099])
@@ -267,8 +272,9 @@ def test_cuda_graph_replay():
     def step():
         out, res = fused_add_rms_norm(x, r, w, EPS)
         q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q, k = apply_rope(q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim), positions, cos_sin,
-                          qw, kw, EPS)
+        q, k = apply_rope(
+            q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim), positions, cos_sin, qw, kw, EPS
+        )
         return out, res, q, k, silu_and_mul(gate_up)
 
     step()  # compile outside the capture

@@ -9,11 +9,18 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
-
-from heron.kernels.gemv import (GemvConfig, _gemv_kernel, gemv, gemv_rms_norm, gemv_silu_mul, make_workspace,
-                                pick_config, use_gemv)
+from heron.kernels.gemv import (
+    GemvConfig,
+    _gemv_kernel,
+    gemv,
+    gemv_rms_norm,
+    gemv_silu_mul,
+    make_workspace,
+    pick_config,
+    use_gemv,
+)
 from heron.models.layers import rms_norm_torch, silu_and_mul_torch
+from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -29,7 +36,7 @@ TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (4e-3, 8e-3)}
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, bias: bool = True):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEVICE, dtype)
     b = torch.randn(n, generator=gen).to(DEVICE, dtype) if bias else None
     return x, w, b
 
@@ -46,14 +53,20 @@ def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
 
 
 # Small blocks so that N = 100, K = 200 leave partial tiles; split 3 of 4 K-tiles leaves the last split empty.
-CASES = [GemvConfig(32, 64), GemvConfig(32, 64, split_k=3), GemvConfig(16, 64, split_k=2, dot=False),
-         GemvConfig(16, 32, dot=False)]
+CASES = [
+    GemvConfig(32, 64),
+    GemvConfig(32, 64, split_k=3),
+    GemvConfig(16, 64, split_k=2, dot=False),
+    GemvConfig(16, 32, dot=False),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,cfg", [(m, c) for m in (1, 3, 8, 16) for c in CASES if c.dot or m == 1],
-                         ids=lambda v: f"{'dot' if v.dot else 'fma'}-split{v.split_k}" if isinstance(v, GemvConfig)
-                         else f"m{v}")
+@pytest.mark.parametrize(
+    "m,cfg",
+    [(m, c) for m in (1, 3, 8, 16) for c in CASES if c.dot or m == 1],
+    ids=lambda v: f"{'dot' if v.dot else 'fma'}-split{v.split_k}" if isinstance(v, GemvConfig) else f"m{v}",
+)
 def test_gemv(dtype, m, cfg):
     for bias in (False, True):
         x, w, b = _inputs(m, 100, 200, dtype, seed=m * 10 + bias, bias=bias)
@@ -97,22 +110,36 @@ def test_use_gemv_refuses_what_it_does_not_take():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,cfg", [(1, GemvConfig(16, 64, split_k=2, dot=False)), (1, GemvConfig(32, 64)),
-                                   (5, GemvConfig(32, 64, split_k=3)), (16, GemvConfig(16, 32))],
-                         ids=["fma-split2", "dot-m1", "dot-split3", "dot-m16"])
+@pytest.mark.parametrize(
+    "m,cfg",
+    [
+        (1, GemvConfig(16, 64, split_k=2, dot=False)),
+        (1, GemvConfig(32, 64)),
+        (5, GemvConfig(32, 64, split_k=3)),
+        (16, GemvConfig(16, 32)),
+    ],
+    ids=["fma-split2", "dot-m1", "dot-split3", "dot-m16"],
+)
 def test_silu_mul_prologue(dtype, m, cfg):
     """silu(gate) * up taken on load equals the activation kernel's reference then the GEMV."""
     gen = torch.Generator().manual_seed(m)
     gate_up = torch.randn(m, 2 * 200, generator=gen).to(DEVICE, dtype)
-    w = (torch.randn(100, 200, generator=gen) / 200 ** 0.5).to(DEVICE, dtype)
+    w = (torch.randn(100, 200, generator=gen) / 200**0.5).to(DEVICE, dtype)
     act = silu_and_mul_torch(gate_up)  # rounded to dtype, as the prologue rounds it
     _check(gemv_silu_mul(gate_up, w, config=cfg), act, w, None, f"silu_mul {cfg}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,cfg", [(1, GemvConfig(16, 64, split_k=2, dot=False)), (1, GemvConfig(16, 32, dot=False)),
-                                   (3, GemvConfig(32, 64, split_k=3)), (16, GemvConfig(16, 32))],
-                         ids=["fma-split2", "fma", "dot-split3", "dot-m16"])
+@pytest.mark.parametrize(
+    "m,cfg",
+    [
+        (1, GemvConfig(16, 64, split_k=2, dot=False)),
+        (1, GemvConfig(16, 32, dot=False)),
+        (3, GemvConfig(32, 64, split_k=3)),
+        (16, GemvConfig(16, 32)),
+    ],
+    ids=["fma-split2", "fma", "dot-split3", "dot-m16"],
+)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_prologue(dtype, m, cfg, with_residual):
     """RMSNorm (after the residual add) taken on load: the projection of the reference's normalised rows, and
@@ -121,7 +148,7 @@ def test_rms_norm_prologue(dtype, m, cfg, with_residual):
     x = torch.randn(m, 200, generator=gen).to(DEVICE, dtype)
     residual = torch.randn(m, 200, generator=gen).to(DEVICE, dtype) if with_residual else None
     norm_w = (1 + 0.1 * torch.randn(200, generator=gen)).to(DEVICE, dtype)
-    w = (torch.randn(100, 200, generator=gen) / 200 ** 0.5).to(DEVICE, dtype)
+    w = (torch.randn(100, 200, generator=gen) / 200**0.5).to(DEVICE, dtype)
     b = torch.randn(100, generator=gen).to(DEVICE, dtype)
     y, new_residual = gemv_rms_norm(x, residual, norm_w, 1e-6, w, b, config=cfg)
     ref = rms_norm_torch(x, norm_w, 1e-6, residual)

@@ -12,13 +12,19 @@ import torch
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
-from tests.kernels.kernel_utils import skip_unless_runnable, pick_device  # noqa: E402
 
 from heron.engine.request import Request  # noqa: E402
-from heron.executor.sampler import (Sampler, SamplingTensors, gumbel_noise, sample_tokens_torch,  # noqa: E402
-                                    sampling_thresholds, uniform_noise)
+from heron.executor.sampler import (
+    Sampler,
+    SamplingTensors,
+    gumbel_noise,
+    sample_tokens_torch,  # noqa: E402
+    sampling_thresholds,
+    uniform_noise,
+)
 from heron.kernels.sampling import _gumbel, _mix64, _sample_kernel, row_logsumexp, sample_tokens  # noqa: E402
 from heron.sampling_params import SamplingParams  # noqa: E402
+from tests.kernels.kernel_utils import pick_device, skip_unless_runnable  # noqa: E402
 
 DEV = pick_device()
 
@@ -124,8 +130,9 @@ def test_edge_rows_and_bf16():
     assert torch.equal(out, ref)
     assert out[0] == 0 and out[1] == 0 and out[2] % 3 != 0 and logits[3, out[3]] >= 0.5
     half = logits.bfloat16()
-    assert torch.equal(sample_tokens(half, temp, thr, seeds, ctrs, block=128),
-                       sample_tokens_torch(half, temp, thr, seeds, ctrs))
+    assert torch.equal(
+        sample_tokens(half, temp, thr, seeds, ctrs, block=128), sample_tokens_torch(half, temp, thr, seeds, ctrs)
+    )
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -194,5 +201,6 @@ def test_row_logsumexp():
     ref = torch.logsumexp(x * inv_t[:, None], -1)
     torch.testing.assert_close(row_logsumexp(x, inv_t, block=512), ref, rtol=1e-5, atol=1e-5)
     half = x.bfloat16()
-    torch.testing.assert_close(row_logsumexp(half, inv_t), torch.logsumexp(half.float() * inv_t[:, None], -1),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        row_logsumexp(half, inv_t), torch.logsumexp(half.float() * inv_t[:, None], -1), rtol=1e-5, atol=1e-5
+    )

@@ -9,13 +9,18 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from tests.kernels.kernel_utils import skip_unless_runnable, assert_close, make_batch, make_cache, pick_device  # noqa: E402
-
 from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
-from heron.kernels.paged_decode import (_paged_decode_kernel, default_block_n, longest_first,  # noqa: E402
-                                        make_decode_workspace, paged_decode_attention, paged_decode_ref)
+from heron.kernels.paged_decode import (
+    _paged_decode_kernel,
+    default_block_n,
+    longest_first,  # noqa: E402
+    make_decode_workspace,
+    paged_decode_attention,
+    paged_decode_ref,
+)
 from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
 from heron.models.layers import write_kv_torch  # noqa: E402
+from tests.kernels.kernel_utils import assert_close, make_batch, make_cache, pick_device, skip_unless_runnable  # noqa: E402
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -60,12 +65,24 @@ def test_paged_decode(dtype, heads, head_dim, block_size, parts, seq_lens):
     meta = make_batch(seq_lens, [1] * len(seq_lens), block_size, DEVICE, gen)
     cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(DEVICE, dtype)
-    scale = head_dim ** -0.5
-    out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
-                                 num_partitions=parts, block_n=16 if not ON_GPU else None)
+    scale = head_dim**-0.5
+    out = paged_decode_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        scale,
+        out=_nan_like(q),
+        num_partitions=parts,
+        block_n=16 if not ON_GPU else None,
+    )
     assert_close(out, _oracle(q, cache, meta, scale), dtype, "decode vs torch_ref")
-    assert_close(out, paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale), dtype,
-                 "decode vs paged_decode_ref")
+    assert_close(
+        out,
+        paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale),
+        dtype,
+        "decode vs paged_decode_ref",
+    )
 
 
 def test_decode_tile_follows_partitions_and_cache_dtype():
@@ -83,8 +100,9 @@ def test_paged_decode_empty_sequence_gives_zeros():
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.float16, DEVICE, gen)
     q = torch.randn(3, 8, 64, generator=gen).to(DEVICE, torch.float16)
     for parts in (1, 2):
-        out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),
-                                     num_partitions=parts, block_n=16)
+        out = paged_decode_attention(
+            q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q), num_partitions=parts, block_n=16
+        )
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         ref = paged_decode_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
         assert_close(out, ref, torch.float16, f"P={parts}")
@@ -98,8 +116,17 @@ def test_paged_decode_counters_reset_and_partitions_combine_deterministically():
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(3, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
     ws = make_decode_workspace(3, 8, 2, 64, 4, DEVICE)
-    call = lambda: paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),  # noqa
-                                          num_partitions=4, workspace=ws, block_n=16)
+    call = lambda: paged_decode_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        0.125,
+        out=_nan_like(q),  # noqa
+        num_partitions=4,
+        workspace=ws,
+        block_n=16,
+    )
     first = call()
     assert torch.count_nonzero(ws[3]) == 0
     assert torch.equal(call(), first)
@@ -118,8 +145,17 @@ def test_paged_decode_launch_order_changes_nothing(parts):
     order = longest_first(meta.seq_lens)
     assert order.tolist() == [4, 1, 3, 0, 2]
     call = lambda order, heads_first=False: paged_decode_attention(  # noqa: E731
-        q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q), num_partitions=parts, block_n=16,
-        order=order, heads_first=heads_first)
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        0.125,
+        out=_nan_like(q),
+        num_partitions=parts,
+        block_n=16,
+        order=order,
+        heads_first=heads_first,
+    )
     want = call(None)
     assert torch.equal(call(order), want)
     assert torch.equal(call(torch.tensor([2, 0, 4, 3, 1], device=DEVICE)), want)
@@ -133,8 +169,17 @@ def test_paged_decode_skips_prefill_rows_with_query_start_loc():
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, out=_nan_like(q),
-                                 num_partitions=2, query_start_loc=meta.query_start_loc, block_n=16)
+    out = paged_decode_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        0.125,
+        out=_nan_like(q),
+        num_partitions=2,
+        query_start_loc=meta.query_start_loc,
+        block_n=16,
+    )
     ref = _oracle(q, cache, meta, 0.125)
     decode_rows = [0, 6]  # query_start_loc of the sequences with one query token
     assert_close(out[decode_rows], ref[decode_rows], torch.bfloat16, "decode rows")
@@ -161,12 +206,17 @@ def test_paged_prefill(dtype, heads, head_dim, block_size, seq_lens, q_lens):
     meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
     cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
     q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
-    scale = head_dim ** -0.5
-    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  meta.max_query_len, scale, out=_nan_like(q))
+    scale = head_dim**-0.5
+    out = paged_prefill_attention(
+        q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale, out=_nan_like(q)
+    )
     assert_close(out, _oracle(q, cache, meta, scale), dtype, "prefill vs torch_ref")
-    assert_close(out, paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale),
-                 dtype, "prefill vs paged_prefill_ref")
+    assert_close(
+        out,
+        paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale),
+        dtype,
+        "prefill vs paged_prefill_ref",
+    )
 
 
 def test_paged_prefill_tiles_and_skip_decode():
@@ -177,9 +227,19 @@ def test_paged_prefill_tiles_and_skip_decode():
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  meta.max_query_len, 0.125, out=_nan_like(q), skip_decode=True,
-                                  block_m=32, block_n=16)
+    out = paged_prefill_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.max_query_len,
+        0.125,
+        out=_nan_like(q),
+        skip_decode=True,
+        block_m=32,
+        block_n=16,
+    )
     ref = _oracle(q, cache, meta, 0.125)
     rows = [r for r in range(meta.num_tokens) if r != 27]
     assert_close(out[rows], ref[rows], torch.bfloat16, "prefill rows")
@@ -196,12 +256,23 @@ def test_paged_prefill_padded_group_tiles(tiles):
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 6, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  meta.max_query_len, 0.125, out=_nan_like(q), block_m=block_m, block_n=block_n)
+    out = paged_prefill_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.max_query_len,
+        0.125,
+        out=_nan_like(q),
+        block_m=block_m,
+        block_n=block_n,
+    )
     assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {tiles}")
 
 
 # -- the backend -----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_triton_backend_matches_torch_backend(kind):
@@ -217,7 +288,7 @@ def test_triton_backend_matches_torch_backend(kind):
     q = torch.randn(t, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
     k = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
     v = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
     tri.num_partitions = 2 if not ON_GPU else None
     tri.reserve(len(seq_lens), DEVICE)
@@ -236,12 +307,17 @@ def test_triton_backend_orders_a_decode_step_once(monkeypatch):
     from heron.kernels import paged_decode
 
     sorts, orders = [], []
-    monkeypatch.setattr(paged_decode, "longest_first",
-                        lambda lens: sorts.append(1) or torch.argsort(lens, descending=True))
+    monkeypatch.setattr(
+        paged_decode, "longest_first", lambda lens: sorts.append(1) or torch.argsort(lens, descending=True)
+    )
     real = paged_decode.paged_decode_attention
-    monkeypatch.setattr(paged_decode, "paged_decode_attention",
-                        lambda *a, order=None, **kw: orders.append(None if order is None else order.tolist()) or
-                        real(*a, order=order, **kw))
+    monkeypatch.setattr(
+        paged_decode,
+        "paged_decode_attention",
+        lambda *a, order=None, **kw: (
+            orders.append(None if order is None else order.tolist()) or real(*a, order=order, **kw)
+        ),
+    )
     gen = _gen(12)
     num_heads, num_kv_heads, head_dim = 8, 2, 64
     tri = triton_backend.TritonAttentionBackend(num_heads, num_kv_heads, head_dim, 0.125)
@@ -265,6 +341,7 @@ def test_triton_backend_orders_a_decode_step_once(monkeypatch):
 
 # -- CUDA only: production shapes, CUDA graphs ----------------------------------------------------------------
 
+
 @gpu_only
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim,block_size", [(128, 16), (64, 16), (128, 32)])
@@ -278,18 +355,35 @@ def test_paged_decode_large(heads, head_dim, block_size):
     meta = make_batch(seq_lens, [1] * batch, block_size, DEVICE, gen)
     cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
     q = torch.randn(batch, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, scale)
     for parts in (None, 1, 8):
-        out = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
-                                     num_partitions=parts)
+        out = paged_decode_attention(
+            q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q), num_partitions=parts
+        )
         assert_close(out, ref, torch.bfloat16, f"P={parts}")
-        ordered = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
-                                         num_partitions=parts, order=longest_first(meta.seq_lens))
+        ordered = paged_decode_attention(
+            q,
+            cache,
+            meta.block_tables,
+            meta.seq_lens,
+            scale,
+            out=_nan_like(q),
+            num_partitions=parts,
+            order=longest_first(meta.seq_lens),
+        )
         assert torch.equal(ordered, out), f"P={parts}: launch order changed the result"
-        heads_first = paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, scale, out=_nan_like(q),
-                                             num_partitions=parts, order=longest_first(meta.seq_lens),
-                                             heads_first=True)
+        heads_first = paged_decode_attention(
+            q,
+            cache,
+            meta.block_tables,
+            meta.seq_lens,
+            scale,
+            out=_nan_like(q),
+            num_partitions=parts,
+            order=longest_first(meta.seq_lens),
+            heads_first=True,
+        )
         assert torch.equal(heads_first, out), f"P={parts}: heads-first launch order changed the result"
 
 
@@ -303,9 +397,10 @@ def test_paged_prefill_large(heads, head_dim):
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    scale = head_dim ** -0.5
-    out = paged_prefill_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  meta.max_query_len, scale, out=_nan_like(q))
+    scale = head_dim**-0.5
+    out = paged_prefill_attention(
+        q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale, out=_nan_like(q)
+    )
     ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
     assert_close(out, ref, torch.bfloat16, "prefill large")
 
@@ -330,15 +425,14 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
     q = torch.randn(batch, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
     k = torch.randn(batch, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
     v = torch.randn_like(k)
-    backend = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5)
+    backend = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
     backend.reserve(batch, DEVICE)
     backend.prepare(meta)
     cos_sin = RotaryEmbedding(head_dim, 16, 1e6, None).cos_sin.to(DEVICE)
     positions = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
 
     def step():
-        return backend.forward(apply_rope_and_cache(q, k, v, positions, cos_sin, cache, meta.slot_mapping),
-                               cache, meta)
+        return backend.forward(apply_rope_and_cache(q, k, v, positions, cos_sin, cache, meta.slot_mapping), cache, meta)
 
     step()  # warm-up: compile outside the capture
     torch.cuda.synchronize()
@@ -349,8 +443,14 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
     for step in range(3):
         new_lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
         new_lens[-1] = 0  # a padded entry
-        new = make_batch(new_lens.tolist(), [1] * (batch - 1) + [0], block_size, DEVICE, gen,
-                         extra_blocks=meta.num_blocks - sum(-(-n // block_size) for n in new_lens.tolist()))
+        new = make_batch(
+            new_lens.tolist(),
+            [1] * (batch - 1) + [0],
+            block_size,
+            DEVICE,
+            gen,
+            extra_blocks=meta.num_blocks - sum(-(-n // block_size) for n in new_lens.tolist()),
+        )
         meta.seq_lens.copy_(new.seq_lens)
         meta.block_tables.zero_()
         meta.block_tables[:, : new.block_tables.shape[1]].copy_(new.block_tables)
@@ -366,7 +466,7 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
         want_cache = before
         write_kv_torch(k, v, want_cache, meta.slot_mapping)
         assert torch.equal(cache, want_cache)
-        ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim ** -0.5)
+        ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim**-0.5)
         assert_close(out, ref, torch.bfloat16, f"replay {step}")
 
 
@@ -409,7 +509,7 @@ def test_triton_backend_runs_a_padded_graph_batch(kind):
     k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
     v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
     write_kv_torch(k, v, cache, meta.slot_mapping)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q[:n].float(), cache.float(), meta)
     _pad_to_graph(meta, tokens)
     tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)

@@ -143,13 +143,13 @@ def test_time_on_gpu_times_the_calls_in_turn_and_survives_a_refusal(monkeypatch)
                 raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
             time.sleep(sleep)
             return x @ w.T
+
         return run
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     ws = [torch.randn(4, 8) for _ in range(3)]
-    t = blas.time_on_gpu([call("a"), call("b", refuse=True), call("c", sleep=0.005)], ws, torch.randn(2, 8),
-                         rounds=2)
+    t = blas.time_on_gpu([call("a"), call("b", refuse=True), call("c", sleep=0.005)], ws, torch.randn(2, 8), rounds=2)
     # first tries (b refuses), then a and c in turn over the three copies, twice
     assert order == ["a", "b", "c"] + (["a"] * 3 + ["c"] * 3) * 2
     assert t[1] == math.inf and t[2] >= 3 * 0.005 > t[0] >= 0
@@ -157,8 +157,12 @@ def test_time_on_gpu_times_the_calls_in_turn_and_survives_a_refusal(monkeypatch)
 
 def test_summary_sums_a_step_per_row_count():
     f32 = torch.float32
-    found = {(32, 12, 8, f32): (3e-3, 2e-3, "cublaslt"), (32, 8, 16, f32): (6e-3, 4e-3, "candidate"),
-             (64, 8, 16, f32): (1e-3, 1e-3, "cublas"), (64, 12, 8, f32): (2e-3, 1e-3, "searched")}
+    found = {
+        (32, 12, 8, f32): (3e-3, 2e-3, "cublaslt"),
+        (32, 8, 16, f32): (6e-3, 4e-3, "candidate"),
+        (64, 8, 16, f32): (1e-3, 1e-3, "cublas"),
+        (64, 12, 8, f32): (2e-3, 1e-3, "searched"),
+    }
     line = blas.summary(found, 1.25)
     assert "in 1.2 s over 4 (rows, shape) pairs, chosen: cublas 1, cublaslt 1, candidate 1, searched 1" in line
     assert "32: 9.00 -> 6.00" in line and "64: 3.00 -> 2.00" in line

@@ -14,9 +14,18 @@ def test_table_key_names_the_problem_and_its_types():
 def test_table_keeps_only_this_gpu_models_entries(tmp_path):
     path = tmp_path / "table.json"
     config = {"id": 66, "tile": 20, "splitk": 2}
-    path.write_text(json.dumps([
-        {"device": "GPU A", "cublaslt": 1, "entries": [{"key": "8x16x32:bfloat16:bfloat16", "config": config}]},
-        {"device": "GPU B", "cublaslt": 1, "entries": [{"key": "8x16x64:bfloat16:bfloat16", "config": {"id": 1}}]}]))
+    path.write_text(
+        json.dumps(
+            [
+                {"device": "GPU A", "cublaslt": 1, "entries": [{"key": "8x16x32:bfloat16:bfloat16", "config": config}]},
+                {
+                    "device": "GPU B",
+                    "cublaslt": 1,
+                    "entries": [{"key": "8x16x64:bfloat16:bfloat16", "config": {"id": 1}}],
+                },
+            ]
+        )
+    )
     assert cublaslt._table("GPU A", str(path)) == {"8x16x32:bfloat16:bfloat16": config}
     assert cublaslt._table("GPU C", str(path)) == {}
     assert cublaslt._table("GPU A", str(tmp_path / "none.json")) == {}
@@ -45,5 +54,5 @@ def test_searched_configurations_compute_the_product_and_a_table_brings_one_back
     y.fill_(float("nan"))
     lt.matmul(x, w, y, recorded)
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-1)
-    monkeypatch.setattr(lt, "table", {cublaslt.table_key(m, n, k, torch.bfloat16, torch.bfloat16): {"id": 10 ** 6}})
+    monkeypatch.setattr(lt, "table", {cublaslt.table_key(m, n, k, torch.bfloat16, torch.bfloat16): {"id": 10**6}})
     assert all(c.rank >= 0 for c in lt.candidates(m, n, k, torch.bfloat16, torch.bfloat16))  # unknown: skipped

@@ -70,9 +70,19 @@ def reference(embedded, source):
 def test_config_matches_transformers(source, reference):
     ours, (theirs, _) = source.hf_config, reference
     assert ours["architectures"] == ["LlamaForCausalLM"] and theirs["model_type"] == "llama"
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings",
-                "bos_token_id", "eos_token_id"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+    ):
         assert ours[key] == theirs[key], key
     assert ours["rope_theta"] == pytest.approx(theirs["rope_theta"])
     assert ours["rms_norm_eps"] == pytest.approx(theirs["rms_norm_eps"], rel=1e-6)
@@ -102,8 +112,11 @@ def test_unpermuted_qk_reproduce_llama_cpp_attention_scores(reader, weights, sou
     """Independent of transformers: llama.cpp rotates adjacent pairs of the file's q/k rows; Heron's RoPE
     rotates halves of the un-permuted rows. Both must give the same attention scores."""
     cfg = TransformerConfig.from_hf(source.hf_config)
-    raw = {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))
-           for t in reader.tensors if t.name in ("blk.3.attn_q.weight", "blk.3.attn_k.weight")}
+    raw = {
+        t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))
+        for t in reader.tensors
+        if t.name in ("blk.3.attn_q.weight", "blk.3.attn_k.weight")
+    }
     torch.manual_seed(0)
     x = torch.randn(7, cfg.hidden_size)
     pos = torch.arange(7) * 13  # far enough apart that every frequency turns
@@ -129,8 +142,9 @@ def test_unpermuted_qk_reproduce_llama_cpp_attention_scores(reader, weights, sou
         k = (x @ wk.T).view(7, cfg.num_kv_heads, cfg.head_dim)
         return scores(*rope(pos, q, k))
 
-    ours = heron_scores(weights["model.layers.3.self_attn.q_proj.weight"],
-                        weights["model.layers.3.self_attn.k_proj.weight"])
+    ours = heron_scores(
+        weights["model.layers.3.self_attn.q_proj.weight"], weights["model.layers.3.self_attn.k_proj.weight"]
+    )
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-3)
     assert expected.abs().max() > 10  # scores of a real size, far above the tolerance
     # and the rows as the file stores them would not do: the un-permutation is not a no-op
@@ -156,8 +170,13 @@ def _load_into_heron_model(hf_config, weights):
 
 def test_tokenizer_matches_transformers(source, embedded_tokenizer, reader):
     tok, ref = source.tokenizer, embedded_tokenizer
-    for text in ["Hello world!", "  leading spaces\tand tabs\n\nnewlines", "Café, naïve, 日本語, 🙂",
-                 "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n", ""]:
+    for text in [
+        "Hello world!",
+        "  leading spaces\tand tabs\n\nnewlines",
+        "Café, naïve, 日本語, 🙂",
+        "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n",
+        "",
+    ]:
         assert tok(text)["input_ids"] == ref(text)["input_ids"], text
         assert tok.decode(tok(text)["input_ids"]) == text
     template = reader.fields["tokenizer.chat_template"].contents()
@@ -169,8 +188,9 @@ def test_tokenizer_matches_transformers(source, embedded_tokenizer, reader):
 
 @pytest.mark.parametrize("cut", ["empty", "header", "metadata", "tensor_data", "garbage"])
 def test_corrupt_file_raises_naming_it(embedded, tmp_path, cut):
-    n = {"empty": 0, "header": 20, "metadata": 500_000, "tensor_data": os.path.getsize(embedded) // 2,
-         "garbage": 0}[cut]
+    n = {"empty": 0, "header": 20, "metadata": 500_000, "tensor_data": os.path.getsize(embedded) // 2, "garbage": 0}[
+        cut
+    ]
     bad = tmp_path / f"broken-{cut}.gguf"
     with open(embedded, "rb") as f:
         bad.write_bytes(f.read(n) if cut != "garbage" else b"not a gguf file at all" * 64)
@@ -204,8 +224,19 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write(path, arch: str, tensors: dict[str, np.ndarray], *, hidden: int, heads: int, kv_heads: int,
-           ffn: int, layers: int, extra=None, vocab_size: bool = True) -> str:
+def _write(
+    path,
+    arch: str,
+    tensors: dict[str, np.ndarray],
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    layers: int,
+    extra=None,
+    vocab_size: bool = True,
+) -> str:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(256)
@@ -248,26 +279,40 @@ def _hf_tensors(hidden, heads, kv_heads, head_dim, ffn, layers, *, bias=False, q
         out["lm_head.weight"] = r(len(TOKENS), hidden)
     for i in range(layers):
         p = f"model.layers.{i}."
-        out |= {p + "self_attn.q_proj.weight": r(heads * head_dim, hidden),
-                p + "self_attn.k_proj.weight": r(kv_heads * head_dim, hidden),
-                p + "self_attn.v_proj.weight": r(kv_heads * head_dim, hidden),
-                p + "self_attn.o_proj.weight": r(hidden, heads * head_dim),
-                p + "mlp.gate_proj.weight": r(ffn, hidden), p + "mlp.up_proj.weight": r(ffn, hidden),
-                p + "mlp.down_proj.weight": r(hidden, ffn),
-                p + "input_layernorm.weight": r(hidden), p + "post_attention_layernorm.weight": r(hidden)}
+        out |= {
+            p + "self_attn.q_proj.weight": r(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": r(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": r(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": r(hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": r(ffn, hidden),
+            p + "mlp.up_proj.weight": r(ffn, hidden),
+            p + "mlp.down_proj.weight": r(hidden, ffn),
+            p + "input_layernorm.weight": r(hidden),
+            p + "post_attention_layernorm.weight": r(hidden),
+        }
         if bias:
-            out |= {p + f"self_attn.{x}_proj.bias": r(n * head_dim) for x, n in (("q", heads), ("k", kv_heads),
-                                                                                ("v", kv_heads))}
+            out |= {
+                p + f"self_attn.{x}_proj.bias": r(n * head_dim)
+                for x, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))
+            }
         if qk_norm:
             out |= {p + "self_attn.q_norm.weight": r(head_dim), p + "self_attn.k_norm.weight": r(head_dim)}
     return out
 
 
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-              "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-              "post_attention_layernorm": "ffn_norm"}
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def _to_gguf(hf: dict[str, np.ndarray], permute_heads: dict[str, int] | None) -> dict[str, np.ndarray]:
@@ -281,8 +326,13 @@ def _to_gguf(hf: dict[str, np.ndarray], permute_heads: dict[str, int] | None) ->
                 t = llama_cpp_permute(t, permute_heads[piece])
             out[f"blk.{i}.{piece}.{kind}"] = t
         else:
-            out[{"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}[name]] = t
+            out[
+                {
+                    "model.embed_tokens.weight": "token_embd.weight",
+                    "model.norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight",
+                }[name]
+            ] = t
     return out
 
 
@@ -296,11 +346,16 @@ def _check_round_trip(src, hf):
 
 def test_llama_round_trip_through_llama_cpp_permutation(tmp_path):
     dims = dict(hidden=32, heads=4, kv_heads=2, ffn=48, layers=2)
-    hf = _hf_tensors(head_dim=8, untied=True, bias=True, **{k: dims[k] for k in ("hidden", "heads", "kv_heads",
-                                                                                  "ffn", "layers")})
-    path = _write(tmp_path / "tiny-llama.gguf", "llama", _to_gguf(hf, {"attn_q": 4, "attn_k": 2}),
-                  extra=lambda w: (w.add_eot_token_id(3), w.add_sampling_temp(0.6), w.add_sampling_top_p(0.9)),
-                  **dims)
+    hf = _hf_tensors(
+        head_dim=8, untied=True, bias=True, **{k: dims[k] for k in ("hidden", "heads", "kv_heads", "ffn", "layers")}
+    )
+    path = _write(
+        tmp_path / "tiny-llama.gguf",
+        "llama",
+        _to_gguf(hf, {"attn_q": 4, "attn_k": 2}),
+        extra=lambda w: (w.add_eot_token_id(3), w.add_sampling_temp(0.6), w.add_sampling_top_p(0.9)),
+        **dims,
+    )
     src = load_gguf(path)
     cfg = _check_round_trip(src, hf)  # q/k weights and biases back in Hugging Face order
     assert src.hf_config["architectures"] == ["LlamaForCausalLM"]
@@ -329,8 +384,13 @@ def test_qwen2_is_not_permuted_and_counts_vocab_from_tokens(tmp_path):
 def test_qwen3_head_dim_from_key_length_and_qk_norm(tmp_path):
     dims = dict(hidden=32, heads=4, kv_heads=2, ffn=48, layers=1)
     hf = _hf_tensors(head_dim=16, qk_norm=True, **dims)  # head_dim != hidden / heads, as in Qwen3
-    path = _write(tmp_path / "q3.gguf", "qwen3", _to_gguf(hf, None),
-                  extra=lambda w: (w.add_key_length(16), w.add_value_length(16)), **dims)
+    path = _write(
+        tmp_path / "q3.gguf",
+        "qwen3",
+        _to_gguf(hf, None),
+        extra=lambda w: (w.add_key_length(16), w.add_value_length(16)),
+        **dims,
+    )
     src = load_gguf(path)
     cfg = _check_round_trip(src, hf)
     assert src.hf_config["architectures"] == ["Qwen3ForCausalLM"]
@@ -346,10 +406,13 @@ def test_unsupported_architecture(tmp_path):
 
 def test_linear_rope_scaling(tmp_path):
     dims = dict(hidden=32, heads=4, kv_heads=2, ffn=48, layers=1)
-    path = _write(tmp_path / "lin.gguf", "llama", _to_gguf(_hf_tensors(head_dim=8, **dims), {"attn_q": 4,
-                                                                                               "attn_k": 2}),
-                  extra=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
-                                   w.add_rope_scaling_factor(4.0)), **dims)
+    path = _write(
+        tmp_path / "lin.gguf",
+        "llama",
+        _to_gguf(_hf_tensors(head_dim=8, **dims), {"attn_q": 4, "attn_k": 2}),
+        extra=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR), w.add_rope_scaling_factor(4.0)),
+        **dims,
+    )
     cfg = TransformerConfig.from_hf(load_gguf(path).hf_config)
     assert cfg.rope_scaling == {"rope_type": "linear", "factor": 4.0}
 
@@ -370,8 +433,9 @@ def llama_cpp_rope_freqs(head_dim, theta, factor, low, high, old_len) -> np.ndar
     return np.array(out, dtype=np.float32)
 
 
-@pytest.mark.parametrize("factor,low,high,old_len", [(8.0, 1.0, 4.0, 8192), (32.0, 1.0, 4.0, 8192),
-                                                     (16.0, 2.0, 6.0, 4096)])
+@pytest.mark.parametrize(
+    "factor,low,high,old_len", [(8.0, 1.0, 4.0, 8192), (32.0, 1.0, 4.0, 8192), (16.0, 2.0, 6.0, 4096)]
+)
 def test_llama3_rope_scaling_from_rope_freqs(tmp_path, factor, low, high, old_len):
     dims = dict(hidden=128, heads=2, kv_heads=1, ffn=16, layers=1)  # head_dim 64: several blended frequencies
     tensors = _to_gguf(_hf_tensors(head_dim=64, **dims), {"attn_q": 2, "attn_k": 1})
@@ -380,8 +444,13 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path, factor, low, high, old_le
     assert all(not n.startswith("rope") for n, _ in src.weights())
     cfg = TransformerConfig.from_hf(src.hf_config)
     assert cfg.rope_scaling["rope_type"] == "llama3" and cfg.rope_scaling["factor"] == factor
-    expected = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
-                "original_max_position_embeddings": old_len}
+    expected = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": old_len,
+    }
     torch.testing.assert_close(rope_inv_freq(64, 500000.0, cfg.rope_scaling), rope_inv_freq(64, 500000.0, expected))
     if (low, high, old_len) == (1.0, 4.0, 8192):  # the usual values come back as such
         assert cfg.rope_scaling == expected

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from heron.distributed import destroy_distributed, init_distributed, parallel_state
-from heron.models.parallel_linear import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
-                                          VocabParallelEmbedding)
+from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 
 def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
@@ -34,8 +33,10 @@ def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
     assert [p.shape for p in (col.weight, row.weight, emb.weight)] == [w.shape] * 3
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
 @pytest.mark.parametrize("rows", [3, 40])  # on CUDA: the GEMV's rows, and one float32-output matmul
 def test_float_logits_are_the_heads_logits_in_float32(device, rows):
     torch.manual_seed(0)

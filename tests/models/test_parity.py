@@ -11,9 +11,12 @@ from heron import LLM, SamplingParams
 from heron.models.gguf_loader import load_gguf
 from heron.models.loader import embedded_model_path
 
-PROMPTS = ["Hello, my name is", "The capital of France is a city that",
-           "Once upon a time, in a land far away, there lived a heron who fished in the river every morning",
-           "1 2 3"]
+PROMPTS = [
+    "Hello, my name is",
+    "The capital of France is a city that",
+    "Once upon a time, in a land far away, there lived a heron who fished in the river every morning",
+    "1 2 3",
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
@@ -22,7 +25,7 @@ def hf_greedy(model, tok, prompts: list[str], max_new_tokens: int) -> list[list[
     for p in prompts:  # one at a time: no padding effects on the reference
         ids = tok(p, return_tensors="pt").input_ids
         gen = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-        out.append(gen[0, ids.shape[1]:].tolist())
+        out.append(gen[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -35,8 +38,11 @@ def hf_tiny(tiny_model_dir):
     def get(arch):
         if arch not in cache:
             path = tiny_model_dir(arch)
-            cache[arch] = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
-                           AutoTokenizer.from_pretrained(path), path)
+            cache[arch] = (
+                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(path),
+                path,
+            )
         return cache[arch]
 
     return get
@@ -65,8 +71,7 @@ def test_fp32_logits_match_transformers(hf_tiny):
     ours = captured[0][0]
     assert (ours - ref_prefill).norm() / ref_prefill.norm() < 1e-4
     # the decode steps too: feed the tokens Heron chose
-    outs = llm.generate([ids[0].tolist()], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate([ids[0].tolist()], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     gen = torch.tensor([ids[0].tolist() + outs[0].outputs[0].token_ids[:2]])
     with torch.no_grad():
         ref_last = model(gen).logits[0, -1]
@@ -97,8 +102,13 @@ def test_prefix_cache_hits_give_the_same_tokens(hf_tiny):
 def test_preemption_by_a_tiny_kv_pool_gives_the_same_tokens(hf_tiny, swap_space):
     model, tok, path = hf_tiny("llama")
     # 16 blocks of 4 tokens = 64 token slots for 4 sequences that grow to ~40 tokens each
-    llm = LLM(path, block_size=4, max_model_len=64, swap_space=swap_space,
-              kv_cache_memory=16 * llm_bytes_per_block(path, block_size=4))
+    llm = LLM(
+        path,
+        block_size=4,
+        max_model_len=64,
+        swap_space=swap_space,
+        kv_cache_memory=16 * llm_bytes_per_block(path, block_size=4),
+    )
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert llm.engine.scheduler.num_preemptions > 0

@@ -42,9 +42,18 @@ def _metadata(prompts: list[list[int]], starts: list[int]) -> tuple[torch.Tensor
     qsl = torch.tensor([0, *torch.tensor([len(js) for js in new]).cumsum(0).tolist()], dtype=torch.int32)
     seq_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
     tables = torch.arange(len(prompts) * BLOCKS_PER_SEQ, dtype=torch.int32).view(len(prompts), -1)
-    meta = AttentionMetadata(num_seqs=len(prompts), num_tokens=len(ids), query_start_loc=qsl, seq_lens=seq_lens,
-                             block_tables=tables, slot_mapping=slots, max_query_len=max(map(len, new)),
-                             max_seq_len=max(map(len, prompts)), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    meta = AttentionMetadata(
+        num_seqs=len(prompts),
+        num_tokens=len(ids),
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_tables=tables,
+        slot_mapping=slots,
+        max_query_len=max(map(len, new)),
+        max_seq_len=max(map(len, prompts)),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+    )
     return ids, positions, meta
 
 
@@ -54,8 +63,9 @@ def _logits(path: str, tied: bool, vocab_size: int) -> torch.Tensor:
     one decode step: the last-token logits of both steps, [2, 3, vocab]."""
     cfg, weights = _checkpoint(path, tied, vocab_size)
     heads, kv_heads = cfg.heads_per_rank(get_tp_world_size())
-    model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(heads, kv_heads, cfg.head_dim,
-                                                                       cfg.head_dim ** -0.5))
+    model = get_model_cls(cfg.architecture)(
+        cfg, TorchAttentionBackend(heads, kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
+    )
     model.load_weights(weights.items())
     for layer in model.layers:
         layer.self_attn.kv_cache = torch.zeros(2, 3 * BLOCKS_PER_SEQ, BLOCK_SIZE, kv_heads, cfg.head_dim)
@@ -70,8 +80,9 @@ def _logits(path: str, tied: bool, vocab_size: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _tp_logits(rank: int, world_size: int, init_method: str, path: str, tied: bool, vocab_size: int,
-               expected: torch.Tensor) -> None:
+def _tp_logits(
+    rank: int, world_size: int, init_method: str, path: str, tied: bool, vocab_size: int, expected: torch.Tensor
+) -> None:
     init_distributed(rank, world_size, init_method, "gloo")
     try:
         torch.testing.assert_close(_logits(path, tied, vocab_size), expected, rtol=1e-5, atol=1e-5)
@@ -79,8 +90,9 @@ def _tp_logits(rank: int, world_size: int, init_method: str, path: str, tied: bo
         destroy_distributed()
 
 
-@pytest.mark.parametrize("arch, tied, vocab_size", [("llama", False, 49152), ("qwen3", True, 49151)],
-                         ids=["llama", "qwen3-tied-odd-vocab"])
+@pytest.mark.parametrize(
+    "arch, tied, vocab_size", [("llama", False, 49152), ("qwen3", True, 49151)], ids=["llama", "qwen3-tied-odd-vocab"]
+)
 def test_two_ranks_give_the_logits_of_one(arch, tied, vocab_size, tiny_model_dir, spawn_ranks):
     path = tiny_model_dir(arch)
     expected = _logits(path, tied, vocab_size)

@@ -34,9 +34,20 @@ from swagger_ui_bundle import swagger_ui_path
 from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError
 from heron.entrypoints.openai.cli import api_keys, serve_engine_config
-from heron.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                               CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                                               ModelCard, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse)
+from heron.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from heron.entrypoints.openai.serving_engine import ApiError, ClientDisconnected
@@ -68,14 +79,23 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def attach(self, engine: AsyncLLM) -> None:
-        common = dict(engine=engine, served_model_names=self.served_model_names, metrics=self.metrics,
-                      max_waiting_requests=self.args.max_waiting_requests, log_requests=self.args.enable_log_requests)
+        common = dict(
+            engine=engine,
+            served_model_names=self.served_model_names,
+            metrics=self.metrics,
+            max_waiting_requests=self.args.max_waiting_requests,
+            log_requests=self.args.enable_log_requests,
+        )
         self.completion = OpenAIServingCompletion(**common)
         self.chat = OpenAIServingChat(**common)
         self.tokenization = OpenAIServingTokenization(**common)
         self.engine = engine
-        logger.info("Model %s is ready (max_model_len %d): serving it as %s", engine.model_name,
-                    engine.max_model_len, ", ".join(self.served_model_names))
+        logger.info(
+            "Model %s is ready (max_model_len %d): serving it as %s",
+            engine.model_name,
+            engine.max_model_len,
+            ", ".join(self.served_model_names),
+        )
 
 
 router = APIRouter()
@@ -115,8 +135,11 @@ async def metrics(raw: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(raw: Request) -> ModelList:
     s = _ready(raw)
-    return ModelList(data=[ModelCard(id=name, created=s.created, max_model_len=s.engine.max_model_len)
-                           for name in s.served_model_names])
+    return ModelList(
+        data=[
+            ModelCard(id=name, created=s.created, max_model_len=s.engine.max_model_len) for name in s.served_model_names
+        ]
+    )
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
@@ -147,10 +170,13 @@ async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeRespons
 @router.get("/docs", include_in_schema=False)
 async def swagger_ui() -> HTMLResponse:
     # The assets come from this server (the swagger-ui-bundle package), so the page works offline.
-    return get_swagger_ui_html(openapi_url="/openapi.json", title=f"Heron {__version__} API",
-                               swagger_js_url="/swagger-ui/swagger-ui-bundle.js",
-                               swagger_css_url="/swagger-ui/swagger-ui.css",
-                               swagger_favicon_url="/swagger-ui/favicon-32x32.png")
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title=f"Heron {__version__} API",
+        swagger_js_url="/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url="/swagger-ui/swagger-ui.css",
+        swagger_favicon_url="/swagger-ui/favicon-32x32.png",
+    )
 
 
 class ApiKeyMiddleware:
@@ -224,8 +250,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     names = args.served_model_name or [args.model or EMBEDDED_NAME]
-    state = ServerState(args=args, served_model_names=names,
-                        metrics=ServerMetrics(names[0], lambda: state.engine.get_stats() if state.engine else None))
+    state = ServerState(
+        args=args,
+        served_model_names=names,
+        metrics=ServerMetrics(names[0], lambda: state.engine.get_stats() if state.engine else None),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -253,8 +282,14 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.shutdown)
 
-    app = FastAPI(title="Heron", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="OpenAI-compatible API of the Heron inference engine.")
+    app = FastAPI(
+        title="Heron",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="OpenAI-compatible API of the Heron inference engine.",
+    )
     app.state.server = state
     app.include_router(router)
     app.mount("/swagger-ui", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
@@ -301,9 +336,16 @@ def run_server(args: argparse.Namespace) -> int:
     # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
     # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
     sys.setswitchinterval(0.001)
-    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
-                                    log_level=args.uvicorn_log_level,
-                                    timeout_graceful_shutdown=args.shutdown_timeout))
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            loop="uvloop",
+            log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=args.shutdown_timeout,
+        )
+    )
     state: ServerState = app.state.server
     state.on_load_failure = lambda: setattr(server, "should_exit", True)
     server.run()

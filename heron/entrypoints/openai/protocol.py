@@ -17,6 +17,7 @@ class OpenAIBaseModel(BaseModel):
 
 # -- errors ------------------------------------------------------------------------------------------------
 
+
 class ErrorInfo(OpenAIBaseModel):
     message: str
     type: str
@@ -29,6 +30,7 @@ class ErrorResponse(OpenAIBaseModel):
 
 
 # -- shared pieces -----------------------------------------------------------------------------------------
+
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
@@ -70,6 +72,7 @@ class SamplingRequest(OpenAIBaseModel):
 
 # -- /v1/completions ---------------------------------------------------------------------------------------
 
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -103,6 +106,7 @@ class CompletionResponse(OpenAIBaseModel):
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------------------------
+
 
 class TextContentPart(OpenAIBaseModel):
     type: Literal["text"]
@@ -189,6 +193,7 @@ class ChatCompletionChunk(OpenAIBaseModel):
 
 
 # -- models, tokenizer, version ----------------------------------------------------------------------------
+
 
 class ModelCard(OpenAIBaseModel):
     id: str

@@ -12,10 +12,19 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from heron.engine.async_llm import EngineDeadError
-from heron.entrypoints.openai.protocol import (ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest,
-                                               ChatCompletionResponse, ChatCompletionResponseChoice,
-                                               ChatCompletionStreamChoice, ChatMessage, ChatTokenLogprob,
-                                               ChatTopLogprob, DeltaMessage, UsageInfo)
+from heron.entrypoints.openai.protocol import (
+    ChatChoiceLogprobs,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatMessage,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    DeltaMessage,
+    UsageInfo,
+)
 from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing, last, sse, sse_error, until_disconnected
 from heron.outputs import Logprobs, RequestOutput
 
@@ -27,25 +36,41 @@ class OpenAIServingChat(OpenAIServing):
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
         max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         params = self.sampling_params(
-            req, max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+            req,
+            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-            renames={"max_tokens": max_param, "logprobs": "top_logprobs"})
+            renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
+        )
         prompt = self.render(req.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The template already holds the special tokens (BOS and the like): none are added again.
-        [stream] = await self.start(raw, request_id, [prompt], params, req.priority, add_special_tokens=False,
-                                    prompt_param="messages", max_tokens_param=max_param)
+        [stream] = await self.start(
+            raw,
+            request_id,
+            [prompt],
+            params,
+            req.priority,
+            add_special_tokens=False,
+            prompt_param="messages",
+            max_tokens_param=max_param,
+        )
         if req.stream:
             return StreamingResponse(self._stream(request_id, model, req, stream), media_type="text/event-stream")
         out: RequestOutput = await until_disconnected(raw, last(stream))
-        choices = [ChatCompletionResponseChoice(
-            index=c.index, message=ChatMessage(content=c.text), finish_reason=c.finish_reason,
-            logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None)
-            for c in out.outputs]
+        choices = [
+            ChatCompletionResponseChoice(
+                index=c.index,
+                message=ChatMessage(content=c.text),
+                finish_reason=c.finish_reason,
+                logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
+            )
+            for c in out.outputs
+        ]
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=_usage(out))
 
-    async def _stream(self, request_id: str, model: str, req: ChatCompletionRequest,
-                      stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+    async def _stream(
+        self, request_id: str, model: str, req: ChatCompletionRequest, stream: AsyncIterator[RequestOutput]
+    ) -> AsyncIterator[str]:
         """Server-sent events: first the role for each choice, then the text new since the last chunk, the
         finish reason on the last one, a usage chunk when asked, and [DONE]."""
         created = int(time.time())
@@ -67,19 +92,27 @@ class OpenAIServingChat(OpenAIServing):
                         i = c.index
                         if i in finished:
                             continue
-                        text = c.text[sent_text[i]:]
-                        new_ids = c.token_ids[sent_tokens[i]:]
-                        lps = (c.logprobs or [])[sent_tokens[i]:]
+                        text = c.text[sent_text[i] :]
+                        new_ids = c.token_ids[sent_tokens[i] :]
+                        lps = (c.logprobs or [])[sent_tokens[i] :]
                         sent_text[i] += len(text)
                         sent_tokens[i] = len(c.token_ids)
                         if not (text or c.finish_reason or (req.logprobs and new_ids)):
                             continue
                         if c.finish_reason:
                             finished.add(i)
-                        yield chunk([ChatCompletionStreamChoice(
-                            index=i, delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                            finish_reason=c.finish_reason,
-                            logprobs=self._logprobs(new_ids, lps, req.top_logprobs or 0) if req.logprobs else None)])
+                        yield chunk(
+                            [
+                                ChatCompletionStreamChoice(
+                                    index=i,
+                                    delta=DeltaMessage(content=text) if text else DeltaMessage(),
+                                    finish_reason=c.finish_reason,
+                                    logprobs=self._logprobs(new_ids, lps, req.top_logprobs or 0)
+                                    if req.logprobs
+                                    else None,
+                                )
+                            ]
+                        )
             if req.stream_options is not None and req.stream_options.include_usage and out is not None:
                 yield chunk([], usage=_usage(out))
         except EngineDeadError as e:
@@ -90,13 +123,18 @@ class OpenAIServingChat(OpenAIServing):
         content = []
         for tok, lp in zip(token_ids, lps or []):
             s = self.token_str(tok)
-            top = [ChatTopLogprob(token=self.token_str(t), logprob=v, bytes=list(self.token_str(t).encode()))
-                   for t, v in self.top_logprobs(lp, k)]
+            top = [
+                ChatTopLogprob(token=self.token_str(t), logprob=v, bytes=list(self.token_str(t).encode()))
+                for t, v in self.top_logprobs(lp, k)
+            ]
             content.append(ChatTokenLogprob(token=s, logprob=lp[tok], bytes=list(s.encode()), top_logprobs=top))
         return ChatChoiceLogprobs(content=content)
 
 
 def _usage(out: RequestOutput) -> UsageInfo:
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return UsageInfo(prompt_tokens=len(out.prompt_token_ids), completion_tokens=completion,
-                     total_tokens=len(out.prompt_token_ids) + completion)
+    return UsageInfo(
+        prompt_tokens=len(out.prompt_token_ids),
+        completion_tokens=completion,
+        total_tokens=len(out.prompt_token_ids) + completion,
+    )

@@ -12,10 +12,22 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from heron.engine.async_llm import EngineDeadError
-from heron.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest, CompletionResponse,
-                                               CompletionResponseChoice, UsageInfo)
-from heron.entrypoints.openai.serving_engine import (ApiError, OpenAIServing, last, merge, sse, sse_error,
-                                                     until_disconnected)
+from heron.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    UsageInfo,
+)
+from heron.entrypoints.openai.serving_engine import (
+    ApiError,
+    OpenAIServing,
+    last,
+    merge,
+    sse,
+    sse_error,
+    until_disconnected,
+)
 from heron.outputs import Logprobs, RequestOutput
 
 
@@ -26,11 +38,11 @@ class OpenAIServingCompletion(OpenAIServing):
             raise ApiError(400, "suffix is not supported.", param="suffix")
         prompts = _prompts(req.prompt)
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
-        params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                                      prompt_logprobs=echo_lps)
+        params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_lps)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.start(raw, request_id, prompts, params, req.priority, add_special_tokens=True,
-                                   prompt_param="prompt")
+        streams = await self.start(
+            raw, request_id, prompts, params, req.priority, add_special_tokens=True, prompt_param="prompt"
+        )
         head = CompletionResponse(id=request_id, model=model, choices=[])
         if req.stream:
             return StreamingResponse(self._stream(head, req, streams), media_type="text/event-stream")
@@ -46,12 +58,16 @@ class OpenAIServingCompletion(OpenAIServing):
                     if req.echo:
                         self._add_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs, 0)
                     self._add_logprobs(logprobs, c.token_ids, c.logprobs, _end(logprobs))
-                choices.append(CompletionResponseChoice(index=i * req.n + c.index, text=text, logprobs=logprobs,
-                                                        finish_reason=c.finish_reason))
+                choices.append(
+                    CompletionResponseChoice(
+                        index=i * req.n + c.index, text=text, logprobs=logprobs, finish_reason=c.finish_reason
+                    )
+                )
         return head.model_copy(update={"choices": choices, "usage": _usage(finals)})
 
-    async def _stream(self, head: CompletionResponse, req: CompletionRequest,
-                      streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+    async def _stream(
+        self, head: CompletionResponse, req: CompletionRequest, streams: list[AsyncIterator[RequestOutput]]
+    ) -> AsyncIterator[str]:
         """Server-sent events: one chunk per choice that advanced, each with the text (and tokens) new since
         the last; a usage chunk when asked; then [DONE]."""
         sent_text: dict[int, int] = {}  # choice index -> characters sent (echoed prompt included)
@@ -67,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         if idx in finished:
                             continue
                         first = idx not in sent_text
-                        text = c.text[sent_text.get(idx, 0):]
+                        text = c.text[sent_text.get(idx, 0) :]
                         done_ids = sent_tokens.get(idx, 0)
                         new_ids = c.token_ids[done_ids:]
                         if not (first or text or new_ids or c.finish_reason):
@@ -78,14 +94,19 @@ class OpenAIServingCompletion(OpenAIServing):
                             if logprobs is not None:
                                 self._add_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs, 0)
                         if logprobs is not None:
-                            self._add_logprobs(logprobs, new_ids, (c.logprobs or [])[done_ids:],
-                                               _end(logprobs) if first else sent_text[idx])
+                            self._add_logprobs(
+                                logprobs,
+                                new_ids,
+                                (c.logprobs or [])[done_ids:],
+                                _end(logprobs) if first else sent_text[idx],
+                            )
                         sent_text[idx] = sent_text.get(idx, 0) + len(text)
                         sent_tokens[idx] = len(c.token_ids)
                         if c.finish_reason:
                             finished.add(idx)
-                        choice = CompletionResponseChoice(index=idx, text=text, logprobs=logprobs,
-                                                          finish_reason=c.finish_reason)
+                        choice = CompletionResponseChoice(
+                            index=idx, text=text, logprobs=logprobs, finish_reason=c.finish_reason
+                        )
                         yield sse(head.model_copy(update={"choices": [choice]}).model_dump_json())
             if req.stream_options is not None and req.stream_options.include_usage:
                 usage = _usage([latest[i] for i in sorted(latest)])
@@ -97,8 +118,9 @@ class OpenAIServingCompletion(OpenAIServing):
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
 
-    def _add_logprobs(self, into: CompletionLogProbs, token_ids: list[int], lps: list[Logprobs | None] | None,
-                      offset: int) -> None:
+    def _add_logprobs(
+        self, into: CompletionLogProbs, token_ids: list[int], lps: list[Logprobs | None] | None, offset: int
+    ) -> None:
         """Append tokens in OpenAI's legacy layout: each token's logprob and its top alternatives, sampled
         token included (so up to logprobs + 1 of them). A prompt's first token has none."""
         lps = lps or []

@@ -115,8 +115,14 @@ async def last(stream: AsyncIterator[T]) -> T:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], metrics: ServerMetrics,
-                 max_waiting_requests: int | None = None, log_requests: bool = False) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        served_model_names: list[str],
+        metrics: ServerMetrics,
+        max_waiting_requests: int | None = None,
+        log_requests: bool = False,
+    ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
@@ -134,8 +140,15 @@ class OpenAIServing:
             raise ApiError(404, f"The model `{asked}` does not exist.", param="model", code="model_not_found")
         return asked
 
-    def sampling_params(self, req: SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
-                        prompt_logprobs: int | None = None, renames: dict[str, str] | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        req: SamplingRequest,
+        *,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        renames: dict[str, str] | None = None,
+    ) -> SamplingParams:
         """Build SamplingParams from a request; its ValueError names a field, which becomes `param` (renamed
         where the request calls it otherwise, as chat does max_completion_tokens)."""
         if req.stream_options is not None and not req.stream:
@@ -153,29 +166,54 @@ class OpenAIServing:
 
         try:
             return SamplingParams(
-                n=req.n, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                n=req.n,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
                 repetition_penalty=pick("repetition_penalty", req.repetition_penalty),
-                temperature=pick("temperature", req.temperature), top_p=pick("top_p", req.top_p),
-                top_k=pick("top_k", req.top_k), min_p=req.min_p, seed=req.seed, stop=req.stop,
-                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
-                min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                logit_bias=logit_bias or None, include_stop_str_in_output=req.include_stop_str_in_output,
-                skip_special_tokens=req.skip_special_tokens)
+                temperature=pick("temperature", req.temperature),
+                top_p=pick("top_p", req.top_p),
+                top_k=pick("top_k", req.top_k),
+                min_p=req.min_p,
+                seed=req.seed,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                logit_bias=logit_bias or None,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                skip_special_tokens=req.skip_special_tokens,
+            )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise ApiError(400, str(e), param=(renames or {}).get(field, field)) from None
 
-    async def start(self, raw: Request, request_id: str, prompts: list[str | list[int]], params: SamplingParams,
-                    priority: int, add_special_tokens: bool, prompt_param: str,
-                    max_tokens_param: str = "max_tokens") -> list[AsyncIterator[RequestOutput]]:
+    async def start(
+        self,
+        raw: Request,
+        request_id: str,
+        prompts: list[str | list[int]],
+        params: SamplingParams,
+        priority: int,
+        add_special_tokens: bool,
+        prompt_param: str,
+        max_tokens_param: str = "max_tokens",
+    ) -> list[AsyncIterator[RequestOutput]]:
         """Submit one engine request per prompt and wait for each one's first output. The engine's
         rejections become 400s naming `prompt_param` or `max_tokens_param`."""
         limit = self.max_waiting_requests
         if limit is not None and self.num_waiting + len(prompts) > limit:
-            raise ApiError(503, f"The server is overloaded: {self.num_waiting} requests are waiting "
-                                f"(--max-waiting-requests {limit}). Retry later.", code="server_overloaded")
-        streams = [self._generate(f"{request_id}-{i}", p, params, priority, add_special_tokens)
-                   for i, p in enumerate(prompts)]
+            raise ApiError(
+                503,
+                f"The server is overloaded: {self.num_waiting} requests are waiting "
+                f"(--max-waiting-requests {limit}). Retry later.",
+                code="server_overloaded",
+            )
+        streams = [
+            self._generate(f"{request_id}-{i}", p, params, priority, add_special_tokens) for i, p in enumerate(prompts)
+        ]
         tasks = [asyncio.ensure_future(anext(s)) for s in streams]
         try:
             await until_disconnected(raw, asyncio.gather(*tasks))
@@ -194,8 +232,9 @@ class OpenAIServing:
             raise
         return [_prepend(t.result(), s) for t, s in zip(tasks, streams)]
 
-    async def _generate(self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int,
-                        add_special_tokens: bool) -> AsyncIterator[RequestOutput]:
+    async def _generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int, add_special_tokens: bool
+    ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the server's bookkeeping: the waiting count, latencies, request logs."""
         if self.log_requests:
             logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
@@ -203,8 +242,11 @@ class OpenAIServing:
         waiting = True
         sent, sent_at = 0, 0.0
         try:
-            async with aclosing(self.engine.generate(prompt, params, request_id, priority=priority,
-                                                     add_special_tokens=add_special_tokens)) as outputs:
+            async with aclosing(
+                self.engine.generate(
+                    prompt, params, request_id, priority=priority, add_special_tokens=add_special_tokens
+                )
+            ) as outputs:
                 async for out in outputs:
                     if waiting:
                         self.num_waiting -= 1
@@ -217,8 +259,9 @@ class OpenAIServing:
                     if out.finished:
                         self.metrics.observe_finished(m)
                         if self.log_requests:
-                            logger.info("Finished request %s: %s", request_id,
-                                        [(c.text, c.finish_reason) for c in out.outputs])
+                            logger.info(
+                                "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]
+                            )
                     yield out
         finally:
             if waiting:
@@ -227,20 +270,25 @@ class OpenAIServing:
     def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template)."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(400, "This model has no chat template; start the server with --chat-template.",
-                           param="messages")
+            raise ApiError(
+                400, "This model has no chat template; start the server with --chat-template.", param="messages"
+            )
         conversation = []
         for m in messages:
-            content = m.content if isinstance(m.content, str) or m.content is None else \
-                "\n".join(part.text for part in m.content)
+            content = (
+                m.content
+                if isinstance(m.content, str) or m.content is None
+                else "\n".join(part.text for part in m.content)
+            )
             # Templates know "system"; "developer" is OpenAI's newer name for it.
             msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
             if m.name is not None:
                 msg["name"] = m.name
             conversation.append(msg)
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
             raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None
 

@@ -5,8 +5,11 @@ from heron.executor.attention.flashinfer_backend import FlashInferAttentionBacke
 from heron.executor.attention.torch_ref import TorchAttentionBackend
 from heron.executor.attention.triton_backend import TritonAttentionBackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend,
-                                               "flashinfer": FlashInferAttentionBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    "torch": TorchAttentionBackend,
+    "triton": TritonAttentionBackend,
+    "flashinfer": FlashInferAttentionBackend,
+}
 
 
 def get_backend_cls(name: str, device_type: str) -> type[AttentionBackend]:

@@ -50,13 +50,20 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
 
-    def reserve(self, max_num_seqs: int, device: torch.device, *, dtype: torch.dtype | None = None,
-                block_size: int | None = None, max_blocks_per_seq: int | None = None) -> None:
+    def reserve(  # noqa: B027 (optional hook: most backends need no workspace)
+        self,
+        max_num_seqs: int,
+        device: torch.device,
+        *,
+        dtype: torch.dtype | None = None,
+        block_size: int | None = None,
+        max_blocks_per_seq: int | None = None,
+    ) -> None:
         """Called once before any step: allocate per-step workspaces at their largest size. dtype (of q
         and the cache), block_size and max_blocks_per_seq (the block tables' width) are for backends that
         plan a step before its forward pass has shown them any tensor (FlashInfer); others ignore them."""
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 (optional hook)
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""
 
     @abstractmethod

@@ -36,8 +36,14 @@ INT_WORKSPACE_BYTES = 8 << 20  # the size each wrapper allocates for its schedul
 SCRATCH_BLOCK = 0  # the page a padded row (seq_len 0) reads: any valid block, never written, output unused
 
 
-def page_table(block_tables: np.ndarray | torch.Tensor, seq_lens: np.ndarray | torch.Tensor, block_size: int,
-               indptr: np.ndarray, indices: np.ndarray, last_page_len: np.ndarray) -> int:
+def page_table(
+    block_tables: np.ndarray | torch.Tensor,
+    seq_lens: np.ndarray | torch.Tensor,
+    block_size: int,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    last_page_len: np.ndarray,
+) -> int:
     """Write B sequences' pages in FlashInfer's form into the given int32 host arrays and return how many
     indices were written. Sequence i owns indices[indptr[i]:indptr[i+1]], the first ceil(len / block_size)
     entries of its block-table row; its last page holds last_page_len[i] tokens. A row of length 0 (a padded
@@ -49,7 +55,7 @@ def page_table(block_tables: np.ndarray | torch.Tensor, seq_lens: np.ndarray | t
     if b == 0:
         return 0
     pages = np.maximum(-(-lens // block_size), 1)
-    np.cumsum(pages, out=indptr[1:b + 1])
+    np.cumsum(pages, out=indptr[1 : b + 1])
     empty = lens == 0
     last_page_len[:b] = np.where(empty, 1, lens - (pages - 1) * block_size)
     n = int(indptr[b])
@@ -68,8 +74,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         try:
             import flashinfer
         except ImportError as e:
-            raise ImportError("attention_backend 'flashinfer' needs flashinfer-python: "
-                              "pip install 'heron[flashinfer]'") from e
+            raise ImportError(
+                "attention_backend 'flashinfer' needs flashinfer-python: pip install 'heron[flashinfer]'"
+            ) from e
         self._fi = flashinfer
         # Decode on tensor cores (FlashInfer's prefill kernels, one query row) pays once a KV head serves
         # several query heads; `python -m heron.kernels.bench --vs-flashinfer` times both kinds.
@@ -77,13 +84,22 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._planned: tuple[AttentionMetadata, Any] | None = None
         self._graph_decode: dict[int, Any] = {}  # batch size -> its CUDA-graph decode wrapper
 
-    def reserve(self, max_num_seqs: int, device: torch.device, *, dtype: torch.dtype | None = None,
-                block_size: int | None = None, max_blocks_per_seq: int | None = None) -> None:
+    def reserve(
+        self,
+        max_num_seqs: int,
+        device: torch.device,
+        *,
+        dtype: torch.dtype | None = None,
+        block_size: int | None = None,
+        max_blocks_per_seq: int | None = None,
+    ) -> None:
         """Workspaces, the host staging of the page tables, and the fixed device buffers that the CUDA-graph
         decode wrappers read (sized for max_num_seqs full-length sequences)."""
         if dtype is None or block_size is None or max_blocks_per_seq is None:
-            raise ValueError("the flashinfer backend plans each step before its forward pass: reserve() needs "
-                             "dtype, block_size and max_blocks_per_seq")
+            raise ValueError(
+                "the flashinfer backend plans each step before its forward pass: reserve() needs "
+                "dtype, block_size and max_blocks_per_seq"
+            )
         if dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"the flashinfer backend runs float16 or bfloat16, not {dtype}")
         self.dtype, self.block_size = dtype, block_size
@@ -101,8 +117,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._float_ws = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._int_ws = torch.zeros(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._prefill = self._shared(self._fi.BatchPrefillWithPagedKVCacheWrapper(self._float_ws, "NHD"))
-        self._decode = self._shared(self._fi.BatchDecodeWithPagedKVCacheWrapper(
-            self._float_ws, "NHD", use_tensor_cores=self.use_tensor_cores))
+        self._decode = self._shared(
+            self._fi.BatchDecodeWithPagedKVCacheWrapper(self._float_ws, "NHD", use_tensor_cores=self.use_tensor_cores)
+        )
 
     def _shared(self, wrapper: Any) -> Any:
         """Point a wrapper at the shared workspaces. Every wrapper is planned right before it runs, one at a
@@ -115,10 +132,17 @@ class FlashInferAttentionBackend(AttentionBackend):
         """The CUDA-graph decode wrapper of one batch size, made on its first (eager, pre-capture) step."""
         if batch not in self._graph_decode:
             indptr, last, indices = self._graph_bufs
-            self._graph_decode[batch] = self._shared(self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                self._float_ws, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
-                paged_kv_indptr_buffer=indptr[: batch + 1], paged_kv_indices_buffer=indices,
-                paged_kv_last_page_len_buffer=last[:batch]))
+            self._graph_decode[batch] = self._shared(
+                self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self._float_ws,
+                    "NHD",
+                    use_cuda_graph=True,
+                    use_tensor_cores=self.use_tensor_cores,
+                    paged_kv_indptr_buffer=indptr[: batch + 1],
+                    paged_kv_indices_buffer=indices,
+                    paged_kv_last_page_len_buffer=last[:batch],
+                )
+            )
         return self._graph_decode[batch]
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -133,12 +157,25 @@ class FlashInferAttentionBackend(AttentionBackend):
             raise ValueError("the flashinfer backend needs meta.block_tables_cpu (the host block tables)")
         if self._copied is not None:
             self._copied.synchronize()
-        n = page_table(meta.block_tables_cpu, meta.seq_lens_cpu[:b], self.block_size, self._indptr.numpy(),
-                       self._indices.numpy(), self._last.numpy())
+        n = page_table(
+            meta.block_tables_cpu,
+            meta.seq_lens_cpu[:b],
+            self.block_size,
+            self._indptr.numpy(),
+            self._indices.numpy(),
+            self._last.numpy(),
+        )
         indices = self._indices_dev[:n]
         indices.copy_(self._indices[:n], non_blocking=True)
-        args = (self._indptr[: b + 1], indices, self._last[:b], self.num_heads, self.num_kv_heads,
-                self.head_dim, self.block_size)
+        args = (
+            self._indptr[: b + 1],
+            indices,
+            self._last[:b],
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.block_size,
+        )
         kwargs = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
         if meta.max_query_len <= 1:
             wrapper = self._graph_wrapper(b) if meta.cuda_graph else self._decode

@@ -9,14 +9,13 @@ import torch.nn.functional as F
 from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
 
 
-def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                        scale: float) -> torch.Tensor:
+def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys (written beforehand)."""
     block_size = kv_cache.shape[2]
     out = torch.empty_like(q)
     starts = meta.query_start_loc_cpu.tolist()
     for i, seq_len in enumerate(meta.seq_lens_cpu.tolist()):
-        q_i = q[starts[i]:starts[i + 1]].transpose(0, 1)  # [H, Q, D]
+        q_i = q[starts[i] : starts[i + 1]].transpose(0, 1)  # [H, Q, D]
         num_q = q_i.shape[1]
         blocks = meta.block_tables[i, : -(-seq_len // block_size)]
         k_i, v_i = (kv_cache[j, blocks].flatten(0, 1)[:seq_len].transpose(0, 1) for j in (0, 1))  # [Hkv, L, D]
@@ -25,14 +24,20 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         if num_q > 1:
             pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)[:, None]
             mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q
-        o = F.scaled_dot_product_attention(q_i, k_i, v_i, attn_mask=mask, scale=scale,
-                                           enable_gqa=k_i.shape[0] != q_i.shape[0])
-        out[starts[i]:starts[i + 1]] = o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(
+            q_i, k_i, v_i, attn_mask=mask, scale=scale, enable_gqa=k_i.shape[0] != q_i.shape[0]
+        )
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
     return out
 
 
-def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                            scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+def paged_attention_batched(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    scratch: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The oracle's function in fewer calls: every single-query (decode) row in one padded call, each
     longer chunk in a call of its own. The query heads that share a KV head are folded into the query
     length, so SDPA sees equal head counts and takes its fused kernel instead of the GQA fallback.
@@ -48,15 +53,24 @@ def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
         rows = starts[:-1][decode].to(q.device)
         k, v = _gather(kv_cache, meta.block_tables[decode.to(q.device)], int(lens[decode].max()), scratch)
         mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[decode].to(q.device)[:, None]
-        o = F.scaled_dot_product_attention(q[rows].view(len(decode), num_kv_heads, group, head_dim), k, v,
-                                           attn_mask=mask[:, None, None, :], scale=scale)
+        o = F.scaled_dot_product_attention(
+            q[rows].view(len(decode), num_kv_heads, group, head_dim),
+            k,
+            v,
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+        )
         out[rows] = o.flatten(1, 2)
     for i in (q_lens > 1).nonzero().flatten().tolist():
         a, b, seq_len = int(starts[i]), int(starts[i + 1]), int(lens[i])
         num_q = b - a
-        k, v = _gather(kv_cache, meta.block_tables[i: i + 1], seq_len, scratch)
-        q_i = q[a:b].view(num_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads,
-                                                                                        group * num_q, head_dim)
+        k, v = _gather(kv_cache, meta.block_tables[i : i + 1], seq_len, scratch)
+        q_i = (
+            q[a:b]
+            .view(num_q, num_kv_heads, group, head_dim)
+            .permute(1, 2, 0, 3)
+            .reshape(1, num_kv_heads, group * num_q, head_dim)
+        )
         pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)
         mask = (torch.arange(seq_len, device=q.device)[None, :] <= pos_q[:, None]).repeat(group, 1)
         o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale)
@@ -64,8 +78,9 @@ def paged_attention_batched(q: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
     return out
 
 
-def _gather(kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int,
-            scratch: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather(
+    kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int, scratch: list[torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `length` positions of each block-table row: [B, Hkv, length, D] each."""
     blocks = block_tables[:, : -(-length // kv_cache.shape[2])]
     rows, per_block = blocks.shape[0], kv_cache.shape[2:]

@@ -51,7 +51,7 @@ class TritonAttentionBackend(AttentionBackend):
         if meta.cuda_graph:
             return "mixed"
         qsl = meta.query_start_loc_cpu
-        has_decode = bool(((qsl[1:b + 1] - qsl[:b]) == 1).any())
+        has_decode = bool(((qsl[1 : b + 1] - qsl[:b]) == 1).any())
         return "mixed" if has_decode else "prefill"
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -68,9 +68,11 @@ class TritonAttentionBackend(AttentionBackend):
         a buffer reallocated later would leave captured graphs pointing at freed memory."""
         parts = lambda b: self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, device)
         need = max(b * self.num_heads * parts(b) for b in range(1, max_num_seqs + 1))
-        self._ws = (torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
-                    torch.empty(2 * need, dtype=torch.float32, device=device),
-                    torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=device))
+        self._ws = (
+            torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
+            torch.empty(2 * need, dtype=torch.float32, device=device),
+            torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=device),
+        )
 
     def _workspace(self, batch: int, parts: int):
         """Views of the reserved partials and arrival counters (shared by all layers: they run one after another
@@ -80,7 +82,7 @@ class TritonAttentionBackend(AttentionBackend):
         assert ml.numel() >= 2 * need, "reserve() was called with a smaller max_num_seqs than this batch"
         part_o = o[: need * self.head_dim].view(batch, self.num_heads, parts, self.head_dim)
         part_m = ml[:need].view(batch, self.num_heads, parts)
-        part_l = ml[need: 2 * need].view(batch, self.num_heads, parts)
+        part_l = ml[need : 2 * need].view(batch, self.num_heads, parts)
         return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
     def _launch_order(self, meta: AttentionMetadata) -> torch.Tensor:
@@ -97,9 +99,19 @@ class TritonAttentionBackend(AttentionBackend):
         # Ordered where each program has a long run of keys (<= 2 partitions, batches past ~64): there a long
         # sequence started last would hold the tail; small batches split every sequence 4-16 ways instead.
         order = self._launch_order(meta) if query_start_loc is None and b > 1 and parts <= 2 else None
-        self._decode.paged_decode_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b], self.scale,
-                                            out=out, num_partitions=parts, query_start_loc=query_start_loc,
-                                            workspace=ws, order=order, heads_first=order is not None)
+        self._decode.paged_decode_attention(
+            q,
+            kv_cache,
+            meta.block_tables[:b],
+            meta.seq_lens[:b],
+            self.scale,
+            out=out,
+            num_partitions=parts,
+            query_start_loc=query_start_loc,
+            workspace=ws,
+            order=order,
+            heads_first=order is not None,
+        )
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         mode = self._mode(meta)
@@ -116,7 +128,15 @@ class TritonAttentionBackend(AttentionBackend):
         else:
             if mode == "mixed":
                 self._run_decode(q, kv_cache, meta, out, meta.query_start_loc)
-            self._prefill.paged_prefill_attention(q, kv_cache, meta.block_tables[:b], meta.seq_lens[:b],
-                                                  meta.query_start_loc, meta.max_query_len, self.scale, out=out,
-                                                  skip_decode=mode == "mixed")
+            self._prefill.paged_prefill_attention(
+                q,
+                kv_cache,
+                meta.block_tables[:b],
+                meta.seq_lens[:b],
+                meta.query_start_loc,
+                meta.max_query_len,
+                self.scale,
+                out=out,
+                skip_decode=mode == "mixed",
+            )
         return out

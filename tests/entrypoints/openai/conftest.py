@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import openai
 import pytest
+
 from tests.entrypoints.openai.remote_server import ALIAS, API_KEY, ENV_API_KEY, MODEL, RemoteServer
 
 
 @pytest.fixture(scope="session")
 def server():
-    srv = RemoteServer("--api-key", API_KEY, "--served-model-name", MODEL, ALIAS,
-                       env={"HERON_API_KEY": ENV_API_KEY})
+    srv = RemoteServer("--api-key", API_KEY, "--served-model-name", MODEL, ALIAS, env={"HERON_API_KEY": ENV_API_KEY})
     yield srv
     srv.stop()
 

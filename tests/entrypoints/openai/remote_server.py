@@ -28,15 +28,28 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
-                 until: int = 200) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0, until: int = 200
+    ) -> None:
         """Start the server and return once /health answers `until` (503: up, the model still loading)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="heron-serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "heron.entrypoints.cli", "serve", "--port", str(self.port),
-               "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(256 << 20),
-               "--uvicorn-log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "heron.entrypoints.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--kv-cache-memory-bytes",
+            str(256 << 20),
+            "--uvicorn-log-level",
+            "warning",
+            *args,
+        ]
         # One torch thread: on a small shared CPU, two OpenMP threads competing with the test client (and
         # anything else running) make each decode step wait on descheduled threads, seconds at a time.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}

@@ -6,6 +6,7 @@ import asyncio
 from functools import partial
 
 import pytest
+
 from tests.entrypoints.openai.remote_server import MODEL, parallel
 
 pytestmark = pytest.mark.slow
@@ -24,10 +25,13 @@ def _texts(chunks) -> dict[int, str]:
 def test_plain_and_streamed_agree_for_greedy(client):
     create = partial(client.chat.completions.create, model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0)
     plain, chunks, parts = parallel(
-        lambda: create(), lambda: list(create(stream=True, stream_options={"include_usage": True})),
+        lambda: create(),
+        lambda: list(create(stream=True, stream_options={"include_usage": True})),
         # content as a list of text parts means the same as the joined string
-        lambda: create(messages=[MESSAGES[0], {"role": "user", "content": [{"type": "text",
-                                                                           "text": "Name a colour."}]}]))
+        lambda: create(
+            messages=[MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]
+        ),
+    )
     assert plain.object == "chat.completion" and plain.id.startswith("chatcmpl-") and plain.model == MODEL
     [choice] = plain.choices
     assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"
@@ -44,10 +48,17 @@ def test_plain_and_streamed_agree_for_greedy(client):
 
 
 def test_max_completion_tokens_and_stop(client):
-    create = partial(client.chat.completions.create, model=MODEL, temperature=0,
-                     messages=[{"role": "user", "content": "Count from 1 to 9, separated by commas."}])
-    full, capped, stopped = parallel(lambda: create(max_completion_tokens=8), lambda: create(max_completion_tokens=2),
-                                     lambda: create(max_completion_tokens=8, stop=["3"]))
+    create = partial(
+        client.chat.completions.create,
+        model=MODEL,
+        temperature=0,
+        messages=[{"role": "user", "content": "Count from 1 to 9, separated by commas."}],
+    )
+    full, capped, stopped = parallel(
+        lambda: create(max_completion_tokens=8),
+        lambda: create(max_completion_tokens=2),
+        lambda: create(max_completion_tokens=8, stop=["3"]),
+    )
     assert capped.usage.completion_tokens == 2
     text = full.choices[0].message.content
     assert "3" in text
@@ -55,11 +66,14 @@ def test_max_completion_tokens_and_stop(client):
 
 
 def test_n_seed_and_logprobs(client):
-    kw = dict(model=MODEL, messages=MESSAGES, n=2, max_tokens=4, temperature=1.0, seed=11, logprobs=True,
-              top_logprobs=2)
-    a, b, chunks = parallel(lambda: client.chat.completions.create(**kw),
-                            lambda: client.chat.completions.create(**kw),
-                            lambda: list(client.chat.completions.create(stream=True, **kw)))
+    kw = dict(
+        model=MODEL, messages=MESSAGES, n=2, max_tokens=4, temperature=1.0, seed=11, logprobs=True, top_logprobs=2
+    )
+    a, b, chunks = parallel(
+        lambda: client.chat.completions.create(**kw),
+        lambda: client.chat.completions.create(**kw),
+        lambda: list(client.chat.completions.create(stream=True, **kw)),
+    )
     texts = {c.index: c.message.content for c in a.choices}
     assert sorted(texts) == [0, 1]
     assert texts == {c.index: c.message.content for c in b.choices} == _texts(chunks)
@@ -78,8 +92,9 @@ def test_async_client(server):
     async def run():
         async with server.async_client() as aclient:
             kw = dict(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0)
-            plain, stream = await asyncio.gather(aclient.chat.completions.create(**kw),
-                                                 aclient.chat.completions.create(stream=True, **kw))
+            plain, stream = await asyncio.gather(
+                aclient.chat.completions.create(**kw), aclient.chat.completions.create(stream=True, **kw)
+            )
             return plain.choices[0].message.content, "".join([c.choices[0].delta.content or "" async for c in stream])
 
     plain, streamed = asyncio.run(run())

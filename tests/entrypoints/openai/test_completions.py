@@ -7,6 +7,7 @@ import asyncio
 from functools import partial
 
 import pytest
+
 from tests.entrypoints.openai.remote_server import ALIAS, MAX_MODEL_LEN, MODEL, parallel
 
 pytestmark = pytest.mark.slow
@@ -23,8 +24,9 @@ def test_models_list(client):
 
 def test_plain_and_streamed_agree_for_greedy(client):
     create = partial(client.completions.create, prompt=PROMPT, max_tokens=6, temperature=0)
-    plain, chunks, alias = parallel(lambda: create(model=MODEL), lambda: list(create(model=MODEL, stream=True)),
-                                    lambda: create(model=ALIAS))
+    plain, chunks, alias = parallel(
+        lambda: create(model=MODEL), lambda: list(create(model=MODEL, stream=True)), lambda: create(model=ALIAS)
+    )
     assert plain.object == "text_completion" and plain.id.startswith("cmpl-") and plain.model == MODEL
     [choice] = plain.choices
     assert choice.index == 0 and choice.text and choice.finish_reason == "length"
@@ -40,16 +42,22 @@ def test_plain_and_streamed_agree_for_greedy(client):
 
 
 def test_stream_include_usage(client):
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
     assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_n_and_several_prompts(client):
     create = partial(client.completions.create, model=MODEL, max_tokens=2, temperature=0)
-    ids, texts, one = parallel(lambda: create(prompt=[[504, 3458, 282], [504, 3458]], n=2),
-                               lambda: create(prompt=[PROMPT, "Hello"]), lambda: create(prompt="Hello"))
+    ids, texts, one = parallel(
+        lambda: create(prompt=[[504, 3458, 282], [504, 3458]], n=2),
+        lambda: create(prompt=[PROMPT, "Hello"]),
+        lambda: create(prompt="Hello"),
+    )
     assert sorted(c.index for c in ids.choices) == [0, 1, 2, 3]
     assert ids.usage.prompt_tokens == 5 and ids.usage.completion_tokens == 8
     assert [c.index for c in texts.choices] == [0, 1] and texts.choices[1].text == one.choices[0].text
@@ -72,10 +80,12 @@ def test_seeded_samples_reproduce_plain_and_streamed(client):
 
 
 def test_samples_that_stop_early_finish_once(client):
-    kw = dict(model=MODEL, prompt="Once upon a time", n=4, max_tokens=8, temperature=1.0, seed=3, stop=["e"],
-              logprobs=0)
-    plain, chunks = parallel(lambda: client.completions.create(**kw),
-                             lambda: list(client.completions.create(stream=True, **kw)))
+    kw = dict(
+        model=MODEL, prompt="Once upon a time", n=4, max_tokens=8, temperature=1.0, seed=3, stop=["e"], logprobs=0
+    )
+    plain, chunks = parallel(
+        lambda: client.completions.create(**kw), lambda: list(client.completions.create(stream=True, **kw))
+    )
     finishes = [c.index for chunk in chunks for c in chunk.choices if c.finish_reason]
     assert sorted(finishes) == [0, 1, 2, 3]
     texts: dict[int, str] = {}
@@ -105,8 +115,9 @@ def test_logprobs_and_echo(client):
 
 def test_stop(client):
     create = partial(client.completions.create, model=MODEL, prompt="1, 2, 3, 4,", max_tokens=6, temperature=0)
-    full, stopped, streamed = parallel(lambda: create(), lambda: create(stop=[" 6", "xyz"]),
-                                       lambda: list(create(stop=" 6", stream=True)))
+    full, stopped, streamed = parallel(
+        lambda: create(), lambda: create(stop=[" 6", "xyz"]), lambda: list(create(stop=" 6", stream=True))
+    )
     full, stopped = full.choices[0], stopped.choices[0]
     assert " 6" in full.text
     assert stopped.finish_reason == "stop" and stopped.text == full.text[: full.text.index(" 6")]
@@ -115,11 +126,27 @@ def test_stop(client):
 
 
 def test_extras_pass_through(client):
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.7, top_p=0.9,
-                                    presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"11": -100},
-                                    user="u1", extra_body=dict(top_k=20, min_p=0.05, repetition_penalty=1.1,
-                                                               min_tokens=4, ignore_eos=True, priority=3,
-                                                               stop_token_ids=[2], skip_special_tokens=False))
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0.7,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={"11": -100},
+        user="u1",
+        extra_body=dict(
+            top_k=20,
+            min_p=0.05,
+            repetition_penalty=1.1,
+            min_tokens=4,
+            ignore_eos=True,
+            priority=3,
+            stop_token_ids=[2],
+            skip_special_tokens=False,
+        ),
+    )
     assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
 
 
@@ -129,7 +156,8 @@ def test_async_client(server):
             plain, stream, models = await asyncio.gather(
                 aclient.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0),
                 aclient.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, stream=True),
-                aclient.models.list())
+                aclient.models.list(),
+            )
             streamed = "".join([c.choices[0].text async for c in stream])
             return plain.choices[0].text, streamed, [m.id for m in models.data]
 

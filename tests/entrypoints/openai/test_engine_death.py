@@ -34,8 +34,15 @@ class DyingEngine:
 
     async def generate(self, prompt, params, request_id, priority=0, add_special_tokens=True):
         now = time.time()
-        yield RequestOutput(request_id, None, [1, 2], None, [CompletionOutput(0, "Hi", [3], None, None)], False,
-                            RequestMetrics(now, now, now, now))
+        yield RequestOutput(
+            request_id,
+            None,
+            [1, 2],
+            None,
+            [CompletionOutput(0, "Hi", [3], None, None)],
+            False,
+            RequestMetrics(now, now, now, now),
+        )
         self.dead = RuntimeError("CUDA error: an illegal memory access")
         raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
 

@@ -7,11 +7,29 @@ import pytest
 from heron.entrypoints.cli import build_parser
 from heron.entrypoints.openai.cli import api_keys, serve_engine_config
 
-ISSUE_FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len",
-               "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
-               "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed", "--swap-space",
-               "--scheduling-policy", "--chat-template", "--device", "--uvicorn-log-level", "--enable-log-requests",
-               "--max-waiting-requests", "--shutdown-timeout"]
+ISSUE_FLAGS = [
+    "--host",
+    "--port",
+    "--api-key",
+    "--served-model-name",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--block-size",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--dtype",
+    "--seed",
+    "--swap-space",
+    "--scheduling-policy",
+    "--chat-template",
+    "--device",
+    "--uvicorn-log-level",
+    "--enable-log-requests",
+    "--max-waiting-requests",
+    "--shutdown-timeout",
+]
 
 
 def _serve_parser():
@@ -48,23 +66,58 @@ def test_environment_defaults(monkeypatch):
 def test_flags_reach_the_engine_config(tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages[0]['content'] }}")
-    args = build_parser().parse_args([
-        "serve", "some/model", "--served-model-name", "a", "b", "--max-model-len", "512", "--gpu-memory-utilization",
-        "0.5", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024", "--block-size", "32",
-        "--no-enable-prefix-caching", "--dtype", "bfloat16", "--seed", "3", "--swap-space", "1.5",
-        "--scheduling-policy", "priority", "--chat-template", str(template), "--device", "cpu"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "some/model",
+            "--served-model-name",
+            "a",
+            "b",
+            "--max-model-len",
+            "512",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "1024",
+            "--block-size",
+            "32",
+            "--no-enable-prefix-caching",
+            "--dtype",
+            "bfloat16",
+            "--seed",
+            "3",
+            "--swap-space",
+            "1.5",
+            "--scheduling-policy",
+            "priority",
+            "--chat-template",
+            str(template),
+            "--device",
+            "cpu",
+        ]
+    )
     cfg = serve_engine_config(args)
     assert (cfg.model.model, cfg.model.served_model_name, cfg.model.max_model_len) == ("some/model", "a", 512)
     assert (cfg.model.dtype, cfg.model.seed, cfg.model.chat_template) == ("bfloat16", 3, template.read_text())
-    assert (cfg.cache.gpu_memory_utilization, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
-            cfg.cache.swap_space) == (0.5, 32, False, 1.5)
-    assert (cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens, cfg.scheduler.policy) == (8, 1024,
-                                                                                                      "priority")
+    assert (
+        cfg.cache.gpu_memory_utilization,
+        cfg.cache.block_size,
+        cfg.cache.enable_prefix_caching,
+        cfg.cache.swap_space,
+    ) == (0.5, 32, False, 1.5)
+    assert (cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens, cfg.scheduler.policy) == (
+        8,
+        1024,
+        "priority",
+    )
     assert cfg.device == "cpu"
 
 
-@pytest.mark.parametrize("flag,value", [("--scheduling-policy", "lifo"), ("--dtype", "int3"),
-                                        ("--uvicorn-log-level", "loud")])
+@pytest.mark.parametrize(
+    "flag,value", [("--scheduling-policy", "lifo"), ("--dtype", "int3"), ("--uvicorn-log-level", "loud")]
+)
 def test_bad_choices_are_rejected(flag, value):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", flag, value])

@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from tests.entrypoints.openai.remote_server import API_KEY, ENV_API_KEY, MAX_MODEL_LEN, MODEL
 
 pytestmark = pytest.mark.slow
@@ -62,8 +63,12 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "Hi", "model": "gpt-4"}, 404, "model"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.[0].role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages.[0].content"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages.[0].content",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
@@ -75,8 +80,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("path,body,status,param", BAD_INPUTS,
-                         ids=[f"{p}:{','.join(b) or 'empty'}:{s}" for p, b, s, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "path,body,status,param", BAD_INPUTS, ids=[f"{p}:{','.join(b) or 'empty'}:{s}" for p, b, s, _ in BAD_INPUTS]
+)
 def test_bad_input(server, path, body, status, param):
     r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH)
     assert r.status_code == status, r.text
@@ -108,10 +114,20 @@ def test_tokenize_detokenize_version(server):
 
 EXPECTED_METRICS = {
     "gauge": ["heron:num_requests_running", "heron:num_requests_waiting", "heron:kv_cache_usage_perc"],
-    "counter": ["heron:prompt_tokens", "heron:generation_tokens", "heron:request_success",
-                "heron:num_preemptions", "heron:prefix_cache_queries", "heron:prefix_cache_hits"],
-    "histogram": ["heron:time_to_first_token_seconds", "heron:inter_token_latency_seconds",
-                  "heron:e2e_request_latency_seconds", "heron:request_queue_time_seconds"],
+    "counter": [
+        "heron:prompt_tokens",
+        "heron:generation_tokens",
+        "heron:request_success",
+        "heron:num_preemptions",
+        "heron:prefix_cache_queries",
+        "heron:prefix_cache_hits",
+    ],
+    "histogram": [
+        "heron:time_to_first_token_seconds",
+        "heron:inter_token_latency_seconds",
+        "heron:e2e_request_latency_seconds",
+        "heron:request_queue_time_seconds",
+    ],
 }
 
 
@@ -159,8 +175,7 @@ def _wait_idle(server, timeout: float = 30.0) -> dict[str, float]:
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 def test_disconnect_aborts_and_frees_blocks(server, stream):
     before = server.metrics()
-    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "ignore_eos": True,
-            "stream": stream}
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "ignore_eos": True, "stream": stream}
     with httpx.Client(timeout=httpx.Timeout(60, read=None if stream else 1.5)) as http:
         if stream:
             with http.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH) as r:
@@ -204,6 +219,9 @@ def test_logs_say_how_busy_but_never_what(server, client):
     while "generation throughput" not in server.output() and time.monotonic() < deadline:
         time.sleep(0.5)
     log = server.output()
-    assert re.search(r"prompt throughput: [\d.]+ tokens/s, avg generation throughput: [\d.]+ tokens/s, "
-                     r"running: \d+, waiting: \d+, KV cache usage: [\d.]+%, prefix cache hit rate: [\d.]+%", log)
+    assert re.search(
+        r"prompt throughput: [\d.]+ tokens/s, avg generation throughput: [\d.]+ tokens/s, "
+        r"running: \d+, waiting: \d+, KV cache usage: [\d.]+%, prefix cache hit rate: [\d.]+%",
+        log,
+    )
     assert secret not in log  # prompts are logged only with --enable-log-requests

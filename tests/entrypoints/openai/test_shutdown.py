@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+
 from tests.entrypoints.openai.remote_server import MODEL, RemoteServer
 
 pytestmark = pytest.mark.slow
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server():
-    srv = RemoteServer("--max-num-seqs", "1", "--max-waiting-requests", "1", "--shutdown-timeout", "60",
-                       "--enable-log-requests")
+    srv = RemoteServer(
+        "--max-num-seqs", "1", "--max-waiting-requests", "1", "--shutdown-timeout", "60", "--enable-log-requests"
+    )
     yield srv
     srv.stop(signal.SIGKILL)
 
@@ -31,8 +33,10 @@ def test_health_is_503_while_loading(server):
 def test_over_max_waiting_requests_is_503(server):
     body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True}
     url = f"{server.url}/v1/completions"
-    with httpx.Client(timeout=httpx.Timeout(30, read=None)) as http, \
-            http.stream("POST", url, json={**body, "stream": True}) as running:
+    with (
+        httpx.Client(timeout=httpx.Timeout(30, read=None)) as http,
+        http.stream("POST", url, json={**body, "stream": True}) as running,
+    ):
         lines = running.iter_lines()  # kept: dropping the iterator would close the connection
         next(lines)  # the one sequence slot is taken
         waiter = threading.Thread(target=_wait_then_give_up, args=(url, body))
@@ -65,8 +69,14 @@ def _wait_then_give_up(url: str, body: dict) -> None:
 
 
 def test_sigterm_lets_a_stream_finish_and_exits_0(server):
-    body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 16, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "Tell me a story.",
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     events = []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
         lines = (line for line in r.iter_lines() if line)

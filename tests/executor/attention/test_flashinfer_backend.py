@@ -18,7 +18,8 @@ from tests.kernels.kernel_utils import assert_close, make_batch, make_cache
 
 needs_flashinfer = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("flashinfer") is None,
-    reason="needs CUDA and flashinfer-python")
+    reason="needs CUDA and flashinfer-python",
+)
 CUDA = torch.device("cuda")
 GQA = [(8, 8), (16, 4), (32, 4)]  # (num_heads, num_kv_heads): group sizes 1, 4, 8
 
@@ -43,7 +44,7 @@ def test_page_table_matches_the_block_tables(block_size):
     assert indptr[0] == 0 and (np.diff(indptr) >= 1).all() and indptr[-1] == len(indices)
     assert ((1 <= last) & (last <= block_size)).all()
     for i, n in enumerate(lens):
-        pages = indices[indptr[i]: indptr[i + 1]]
+        pages = indices[indptr[i] : indptr[i + 1]]
         if n == 0:  # a padded row: one scratch page holding one token
             assert list(pages) == [SCRATCH_BLOCK] and last[i] == 1
             continue
@@ -63,12 +64,14 @@ def test_page_table_of_all_padded_and_empty_batches():
 
 # -- CUDA with flashinfer ----------------------------------------------------------------------------------
 
+
 def _backend(num_heads, num_kv_heads, head_dim, max_seqs, meta, block_size=16):
     from heron.executor.attention.flashinfer_backend import FlashInferAttentionBackend
 
-    fi = FlashInferAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim ** -0.5)
-    fi.reserve(max_seqs, CUDA, dtype=torch.bfloat16, block_size=block_size,
-               max_blocks_per_seq=meta.block_tables.shape[1])
+    fi = FlashInferAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    fi.reserve(
+        max_seqs, CUDA, dtype=torch.bfloat16, block_size=block_size, max_blocks_per_seq=meta.block_tables.shape[1]
+    )
     return fi
 
 
@@ -80,7 +83,8 @@ def _inputs(t, num_heads, num_kv_heads, head_dim, gen):
 def _reference(q, cache, meta):
     """The torch backend in float32 on the cache (this step's K/V already written, as the model writes them)."""
     return TorchAttentionBackend(q.shape[1], cache.shape[3], q.shape[2], q.shape[2] ** -0.5).forward(
-        q.float(), cache.float(), meta)
+        q.float(), cache.float(), meta
+    )
 
 
 @needs_flashinfer
@@ -109,15 +113,28 @@ def _padded(meta, padded: int, gen):
     query_start_loc counting on; the padded rows' block tables hold junk that must never be read."""
     extra = padded - meta.num_seqs
     dev = lambda x: x.to(meta.seq_lens.device)  # noqa: E731
-    tables = torch.cat([meta.block_tables_cpu, torch.randint(0, 10**6, (extra, meta.block_tables.shape[1]),
-                                                             generator=gen, dtype=torch.int32)])
+    tables = torch.cat(
+        [
+            meta.block_tables_cpu,
+            torch.randint(0, 10**6, (extra, meta.block_tables.shape[1]), generator=gen, dtype=torch.int32),
+        ]
+    )
     lens = torch.cat([meta.seq_lens_cpu, torch.zeros(extra, dtype=torch.int32)])
     qsl = torch.arange(padded + 1, dtype=torch.int32)
     slots = torch.cat([meta.slot_mapping.cpu(), torch.full((extra,), -1, dtype=torch.int64)])
-    return dataclasses.replace(meta, num_seqs=padded, num_tokens=padded, query_start_loc=dev(qsl),
-                               seq_lens=dev(lens), block_tables=dev(tables), slot_mapping=dev(slots),
-                               query_start_loc_cpu=qsl, seq_lens_cpu=lens, block_tables_cpu=tables,
-                               cuda_graph=True)
+    return dataclasses.replace(
+        meta,
+        num_seqs=padded,
+        num_tokens=padded,
+        query_start_loc=dev(qsl),
+        seq_lens=dev(lens),
+        block_tables=dev(tables),
+        slot_mapping=dev(slots),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=lens,
+        block_tables_cpu=tables,
+        cuda_graph=True,
+    )
 
 
 @needs_flashinfer
@@ -132,10 +149,18 @@ def test_padded_decode_replays_in_a_cuda_graph(num_heads, num_kv_heads):
     num_blocks = padded * width + 8
 
     def batch(lens):
-        meta = make_batch(lens, [1] * len(lens), block_size, CUDA, gen,
-                          extra_blocks=num_blocks - sum(-(-n // block_size) for n in lens))
-        meta.block_tables_cpu = torch.cat([meta.block_tables_cpu, torch.zeros(
-            len(lens), width - meta.block_tables_cpu.shape[1], dtype=torch.int32)], 1)
+        meta = make_batch(
+            lens,
+            [1] * len(lens),
+            block_size,
+            CUDA,
+            gen,
+            extra_blocks=num_blocks - sum(-(-n // block_size) for n in lens),
+        )
+        meta.block_tables_cpu = torch.cat(
+            [meta.block_tables_cpu, torch.zeros(len(lens), width - meta.block_tables_cpu.shape[1], dtype=torch.int32)],
+            1,
+        )
         meta.block_tables = meta.block_tables_cpu.to(CUDA)
         return meta
 

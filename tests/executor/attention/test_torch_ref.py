@@ -16,8 +16,8 @@ def test_batched_equals_the_oracle(kind, num_heads, num_kv_heads, head_dim):
     meta = make_batch(seq_lens, q_lens, 16, torch.device("cpu"), gen)
     cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, torch.float32, torch.device("cpu"), gen)
     q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen)
-    ref = paged_attention_ref(q, cache, meta, head_dim ** -0.5)
-    assert rel_err(paged_attention_batched(q, cache, meta, head_dim ** -0.5), ref) < 1e-5
+    ref = paged_attention_ref(q, cache, meta, head_dim**-0.5)
+    assert rel_err(paged_attention_batched(q, cache, meta, head_dim**-0.5), ref) < 1e-5
     scratch = [torch.empty(0), torch.empty(0)]
     for _ in range(2):  # grown on the first call, reused on the second
-        assert rel_err(paged_attention_batched(q, cache, meta, head_dim ** -0.5, scratch), ref) < 1e-5
+        assert rel_err(paged_attention_batched(q, cache, meta, head_dim**-0.5, scratch), ref) < 1e-5
