@@ -456,7 +456,9 @@ async def benchmark(args: argparse.Namespace) -> int:
             )
             run_config = dict(config, request_rate=rate if math.isfinite(rate) else "inf")
             run_name = name if len(args.request_rate) == 1 else f"{name}-rate-{rate:g}"
-            result = serve_report.make_run_result(run_name, results, duration, run_config, dict(args.metadata), offline)
+            result = serve_report.make_run_result(
+                run_name, results, duration, run_config, dict(args.metadata), offline, args.save_detailed
+            )
             print(serve_report.format_run(result))
             if args.save_result:
                 print(f"saved {serve_report.save_result(result, args.result_dir)}")
@@ -665,7 +667,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--save-result",
         action="store_true",
-        help="write <result-dir>/<label>.json (a sweep: <label>-rate-R.json per rate) with per-request detail",
+        help="write <result-dir>/<label>.json (a sweep: <label>-rate-R.json per rate): summary figures",
+    )
+    g.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="with --save-result: also each request's timings and usage (large; not for recorded results)",
     )
     g.add_argument(
         "--result-dir",

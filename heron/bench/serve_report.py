@@ -109,8 +109,16 @@ def request_detail(r, t0: float) -> dict:
 
 
 def make_run_result(
-    name: str, results, duration: float, config: dict, metadata: dict, offline_tokens_per_s: float | None = None
+    name: str,
+    results,
+    duration: float,
+    config: dict,
+    metadata: dict,
+    offline_tokens_per_s: float | None = None,
+    detailed: bool = False,
 ) -> dict:
+    """Summary figures and an error summary; the per-request timings only when `detailed` (they are large:
+    recorded results keep summaries)."""
     import torch
 
     from heron.bench.report import make_result
@@ -124,12 +132,9 @@ def make_run_result(
     # The GPU of the machine the client runs on: the server's when both run on one host, as recorded runs do.
     result = make_result(name, metrics, "cuda" if torch.cuda.is_available() else "cpu")
     t0 = min(r.start for r in results)
-    result.update(
-        config=config,
-        metadata=metadata,
-        errors=error_summary(results),
-        requests=[request_detail(r, t0) for r in results],
-    )
+    result.update(config=config, metadata=metadata, errors=error_summary(results))
+    if detailed:
+        result["requests"] = [request_detail(r, t0) for r in results]
     return result
 
 
