@@ -55,7 +55,7 @@ def add_result_args(parser: argparse.ArgumentParser, default_name: str) -> None:
 
 
 def make_llm(args: argparse.Namespace):
-    from heron import LLM
+    from heron.entrypoints.llm import LLM
 
     return LLM.from_config(engine_args.engine_config(args))
 

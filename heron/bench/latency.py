@@ -68,9 +68,9 @@ def fill_workload_defaults(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from heron import SamplingParams
     from heron.bench.roofline import ModelCost, copy_bandwidth
     from heron.config import resolve_device, resolve_dtype
+    from heron.sampling_params import SamplingParams
 
     if args.output_len < 2:
         raise ValueError(f"--output-len must be at least 2 to time decoding, got {args.output_len}.")

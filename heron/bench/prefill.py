@@ -47,9 +47,9 @@ def recording_steps(engine) -> Iterator[list[int]]:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from heron import SamplingParams
     from heron.bench.roofline import ModelCost, matmul_rate, prefill_flops
     from heron.config import resolve_device, resolve_dtype
+    from heron.sampling_params import SamplingParams
 
     batch, input_len = args.max_num_seqs, args.input_len
     device = resolve_device(args.device)

@@ -11,6 +11,9 @@ the server's own count; the model's tokenizer counts them when a server sends no
 
 Per request: TTFT (send to first text), ITL (every gap between text chunks), E2EL (send to end of stream)
 and TPOT = (E2EL - TTFT) / (output tokens - 1). Failed requests are counted and their errors summarised.
+
+Length: the whole client of one command (workloads, the streaming HTTP client, the arrival schedule, its flags),
+read top to bottom; the report it prints and saves is serve_report.py.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+
+from heron.bench import serve_report
+from heron.bench.serve_report import PERCENTILE_METRICS, api_url
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
@@ -306,14 +312,6 @@ class Client:
             result.output_tokens, result.output_tokens_source = chunks, "chunks"
 
 
-def api_url(base_url: str, path: str) -> str:
-    """'http://h:8000' or 'http://h:8000/v1' (as the openai SDK takes it) + '/v1/...'."""
-    base = base_url.rstrip("/")
-    if base.endswith("/v1") and path.startswith("/v1/"):
-        base = base[:-3]
-    return base + path
-
-
 def error_message(body) -> str:
     """OpenAI's {"error": {"message": ...}}, FastAPI's {"detail": ...}, or the body itself."""
     if isinstance(body, dict):
@@ -395,8 +393,6 @@ async def benchmark(args: argparse.Namespace) -> int:
         import aiohttp
     except ImportError:
         raise ImportError("heron bench serve needs aiohttp: pip install aiohttp (or heron[bench])") from None
-
-    from heron.bench import serve_report
 
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     # No connection cap: --max-concurrency is the only limit on requests in flight.
@@ -573,7 +569,6 @@ def _positive_int(text: str) -> int:
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     from heron.bench.report import RESULTS_DIR
-    from heron.bench.serve_report import PERCENTILE_METRICS
 
     g = parser.add_argument_group("server")
     g.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"the server (default {DEFAULT_BASE_URL})")

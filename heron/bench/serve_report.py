@@ -18,8 +18,6 @@ import collections
 import math
 from pathlib import Path
 
-from heron.bench.serve import api_url
-
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 METRIC_NAMES = {
     "ttft": "Time to First Token",
@@ -27,6 +25,14 @@ METRIC_NAMES = {
     "itl": "Inter-token Latency",
     "e2el": "End-to-end Latency",
 }
+
+
+def api_url(base_url: str, path: str) -> str:
+    """'http://h:8000' or 'http://h:8000/v1' (as the openai SDK takes it) + '/v1/...'."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[:-3]
+    return base + path
 
 
 def latency_samples(results) -> dict[str, list[float]]:

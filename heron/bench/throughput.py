@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
 
 def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[float, int]:
     """(seconds, output tokens) of one `generate` call over the requests, after a warm-up request."""
-    from heron import SamplingParams
+    from heron.sampling_params import SamplingParams
 
     params = lambda n: SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n)
     llm.generate([list(range(1, 33))], params(16), use_tqdm=False)
