@@ -88,7 +88,7 @@ for s in $SECTIONS; do case $s in
         --disable-tqdm --offline-result benchmarks/results/serve-qwen3-0.6b-offline.json \
         --label serve-qwen3-0.6b --save-result
     [ "$s" = serve ] && run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" \
-        --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result
+        --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result --gpu-monitor
     kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-server.log" ;;
 esac; done
 tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null

@@ -52,6 +52,11 @@ def add_result_args(parser: argparse.ArgumentParser, default_name: str) -> None:
     g.add_argument("--save-result", action="store_true", help="write the result to <results-dir>/<result-name>.json")
     g.add_argument("--result-name", default=None, help=f"default: {default_name}")
     g.add_argument("--results-dir", default=RESULTS_DIR)
+    g.add_argument(
+        "--gpu-monitor",
+        action="store_true",
+        help="sample GPU utilisation, memory, power and SM clock every 100 ms (NVML) into the result",
+    )
 
 
 def make_llm(args: argparse.Namespace):

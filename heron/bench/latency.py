@@ -14,11 +14,13 @@ token each, and its prefill tokens/s and mfu (heron/bench/prefill.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 from heron.bench import prefill
 from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
 from heron.bench.datasets import random_token_requests
+from heron.bench.gpu_monitor import maybe_monitor
 from heron.bench.report import finish, format_table
 from heron.config import SchedulerConfig
 
@@ -88,20 +90,22 @@ def run(args: argparse.Namespace) -> dict:
     llm = make_llm(args)
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len)
     runs = []
-    for i, prompt in enumerate(prompts):  # the first is the warm-up
-        start = time.perf_counter()
-        out = llm.generate([prompt], params, use_tqdm=False)[0]
-        total = time.perf_counter() - start
-        m = out.metrics
-        assert len(out.outputs[0].token_ids) == args.output_len
-        if i:
-            runs.append(
-                {
-                    "decode_ms_per_token": (m.last_token_time - m.first_token_time) / (args.output_len - 1) * 1e3,
-                    "ttft_ms": (m.first_token_time - m.arrival_time) * 1e3,
-                    "output_tokens_per_s": args.output_len / total,
-                }
-            )
+    monitor = maybe_monitor(args.gpu_monitor)
+    with monitor or contextlib.nullcontext():
+        for i, prompt in enumerate(prompts):  # the first is the warm-up
+            start = time.perf_counter()
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            total = time.perf_counter() - start
+            m = out.metrics
+            assert len(out.outputs[0].token_ids) == args.output_len
+            if i:
+                runs.append(
+                    {
+                        "decode_ms_per_token": (m.last_token_time - m.first_token_time) / (args.output_len - 1) * 1e3,
+                        "ttft_ms": (m.first_token_time - m.arrival_time) * 1e3,
+                        "output_tokens_per_s": args.output_len / total,
+                    }
+                )
     median = sorted(runs, key=lambda r: r["decode_ms_per_token"])[len(runs) // 2]
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
     name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}latency-{model_slug(llm)}-bs1"
@@ -167,4 +171,4 @@ def run(args: argparse.Namespace) -> dict:
         f"{name}: 1 request, {args.input_len} prompt + {args.output_len} output tokens, {device}, "
         f"{metrics['dtype']}, median of {len(runs)}"
     )
-    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)
+    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, monitor)

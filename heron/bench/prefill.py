@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from heron.bench.cli import make_llm, model_slug
 from heron.bench.datasets import random_token_requests
+from heron.bench.gpu_monitor import maybe_monitor
 from heron.bench.report import finish, format_table
 
 
@@ -65,20 +66,22 @@ def run(args: argparse.Namespace) -> dict:
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=1)
     tokens = batch * input_len
     runs = []
-    for i, prompts in enumerate(batches):  # the first is the warm-up
-        with recording_steps(llm.engine) as steps:
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - start
-        if sum(steps) != tokens or any(len(o.outputs[0].token_ids) != 1 for o in outs):
-            raise RuntimeError(
-                f"The engine computed {sum(steps)} prompt tokens in {len(steps)} steps, the batch "
-                f"has {tokens}, each with one output token (prefix-cache hits?)."
-            )
-        if i:
-            runs.append((seconds, steps))
+    monitor = maybe_monitor(args.gpu_monitor)
+    with monitor or contextlib.nullcontext():
+        for i, prompts in enumerate(batches):  # the first is the warm-up
+            with recording_steps(llm.engine) as steps:
+                start = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                seconds = time.perf_counter() - start
+            if sum(steps) != tokens or any(len(o.outputs[0].token_ids) != 1 for o in outs):
+                raise RuntimeError(
+                    f"The engine computed {sum(steps)} prompt tokens in {len(steps)} steps, the batch "
+                    f"has {tokens}, each with one output token (prefix-cache hits?)."
+                )
+            if i:
+                runs.append((seconds, steps))
     seconds, steps = sorted(runs)[len(runs) // 2]
     budget = llm.engine.config.scheduler.max_num_batched_tokens
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
@@ -125,4 +128,4 @@ def run(args: argparse.Namespace) -> dict:
         f" tokens; attention {attention / 1e12:,.3g} TFLOP besides the matmuls' {matmul / 1e12:,.3g},"
         f" not in mfu"
     )
-    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)
+    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, monitor)

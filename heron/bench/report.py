@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from heron.bench.gpu_monitor import GpuMonitor, format_summary
+
 RESULTS_DIR = "benchmarks/results"
 RESULT_KEYS = ("name", "date", "gpu", "commit", "command", "metrics")
 
@@ -98,9 +100,13 @@ def finish(
     table: str,
     save: bool,
     results_dir: str | os.PathLike = RESULTS_DIR,
+    monitor: GpuMonitor | None = None,
 ) -> dict:
-    """Print the table, and record the result when asked; returns the result dict."""
+    """Print the table, and record the result (with the GPU monitor's record) when asked; returns it."""
     result = make_result(name, metrics, device)
+    if monitor is not None:
+        result["gpu_monitor"] = monitor.record()
+        table += "\n" + format_summary(result["gpu_monitor"])
     print(table)
     if save:
         print(f"saved {save_result(result, results_dir)}")

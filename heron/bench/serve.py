@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from heron.bench import serve_report
+from heron.bench.gpu_monitor import format_summary, maybe_monitor
 from heron.bench.serve_report import PERCENTILE_METRICS, api_url
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -447,15 +448,20 @@ async def benchmark(args: argparse.Namespace) -> int:
         name = args.label or f"serve-{slug(model)}"
         runs = []
         for rate in args.request_rate:
-            results, duration = await run_at_rate(
-                client, requests, rate, args.burstiness, args.max_concurrency, args.seed, not args.disable_tqdm
-            )
+            monitor = maybe_monitor(args.gpu_monitor)
+            with monitor or contextlib.nullcontext():
+                results, duration = await run_at_rate(
+                    client, requests, rate, args.burstiness, args.max_concurrency, args.seed, not args.disable_tqdm
+                )
             run_config = dict(config, request_rate=rate if math.isfinite(rate) else "inf")
             run_name = name if len(args.request_rate) == 1 else f"{name}-rate-{rate:g}"
             result = serve_report.make_run_result(
                 run_name, results, duration, run_config, dict(args.metadata), offline, args.save_detailed
             )
             print(serve_report.format_run(result))
+            if monitor is not None:
+                result["gpu_monitor"] = monitor.record()
+                print(format_summary(result["gpu_monitor"]))
             if args.save_result:
                 print(f"saved {serve_report.save_result(result, args.result_dir)}")
             runs.append(result)
@@ -668,6 +674,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--save-detailed",
         action="store_true",
         help="with --save-result: also each request's timings and usage (large; not for recorded results)",
+    )
+    g.add_argument(
+        "--gpu-monitor",
+        action="store_true",
+        help="sample this machine's GPU (utilisation, memory, power, SM clock; NVML) every 100 ms into each result",
     )
     g.add_argument(
         "--result-dir",

@@ -228,7 +228,8 @@ def plot_sweep(runs: list[dict], path: Path) -> None:
 
     percentiles = runs[0]["config"]["metric_percentiles"]
     x = [r["metrics"]["output_tokens_per_s"] for r in runs]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    monitored = all("gpu_monitor" in r for r in runs)
+    fig, axes = plt.subplots(1, 3 if monitored else 2, figsize=(18 if monitored else 12, 4.5))
     for ax, metric in zip(axes, ("ttft", "tpot")):
         for p in percentiles:
             y = [r["metrics"][f"{metric}_p{p:g}_ms"] for r in runs]
@@ -253,11 +254,31 @@ def plot_sweep(runs: list[dict], path: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
+    if monitored:
+        plot_gpu_monitor(axes[2], runs)
     config = runs[0]["config"]
     fig.suptitle(f"{config['model']} at {api_url(config['base_url'], config['endpoint'])}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_gpu_monitor(ax, runs: list[dict]) -> None:
+    """GPU utilisation (left axis) and power (right axis) over each run's time, one line per rate."""
+    power_ax = ax.twinx()
+    for r in runs:
+        s = r["gpu_monitor"]["series"]
+        rate = r["config"]["request_rate"]
+        label = f"{rate if rate == 'inf' else format(rate, 'g')} req/s"
+        (line,) = ax.plot(s["t_s"], s["gpu_util_pct"], label=label)
+        power_ax.plot(s["t_s"], s["power_w"], linestyle="--", color=line.get_color(), alpha=0.6)
+    ax.set_xlabel("time in the run (s)")
+    ax.set_ylabel("GPU utilisation (%, solid)")
+    power_ax.set_ylabel("power (W, dashed)")
+    ax.set_ylim(0, 105)
+    ax.set_title("GPU monitor (NVML, 100 ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def sweep_markdown(runs: list[dict], name: str, png_name: str) -> str:

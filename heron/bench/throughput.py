@@ -13,11 +13,13 @@ measured copy bandwidth, or the FLOPs over the measured matmul rate, whichever i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import time
 
 from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
 from heron.bench.datasets import BenchRequest, parse_range, random_token_requests
+from heron.bench.gpu_monitor import maybe_monitor
 from heron.bench.report import finish, format_table
 
 
@@ -99,7 +101,9 @@ def run(args: argparse.Namespace) -> dict:
 
     llm = make_llm(args)
     batch = args.max_num_seqs
-    seconds, out_tokens = time_heron(llm, requests, args.temperature)
+    monitor = maybe_monitor(args.gpu_monitor)
+    with monitor or contextlib.nullcontext():
+        seconds, out_tokens = time_heron(llm, requests, args.temperature)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     print(f"Heron: {out_tokens} output tokens in {seconds:.2f} s = {out_tokens / seconds:,.1f} tokens/s", flush=True)
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
@@ -175,4 +179,4 @@ def run(args: argparse.Namespace) -> dict:
         f"{name}: {len(requests)} requests, prompts {args.input_len_range[0]}-{args.input_len_range[1]}, "
         f"outputs {args.output_len_range[0]}-{args.output_len_range[1]} tokens, {device}, {metrics['dtype']}"
     )
-    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir)
+    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, monitor)
