@@ -14,7 +14,7 @@ for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.kernels.bench ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
-  kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/executor/attention ;;
+  kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/attention ;;
   quick-tests)  # the GPU-only kernel tests of session 3's changes (all of kernel-tests takes ~5 min)
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
         tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
@@ -71,7 +71,7 @@ for s in $SECTIONS; do case $s in
   flashinfer-tests)
     . benchmarks/flashinfer_cache.sh
     run flashinfer-tests timeout 480 python3 -m pytest -q -p no:cacheprovider \
-        tests/executor/attention/test_flashinfer_backend.py
+        tests/attention/test_flashinfer_backend.py
     fi_cache_save "$OUT" ;;
   serve|serve-no-sweep)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from heron.attention import AttentionMetadata, get_backend_cls
 from heron.config import EngineConfig, resolve_dtype
 from heron.distributed import get_tp_world_size
 from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.engine.scheduler import ScheduledBatch
-from heron.executor.attention import AttentionMetadata, get_backend_cls
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs

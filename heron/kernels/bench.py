@@ -215,7 +215,7 @@ def _time_eager(fn, iters: int = 5) -> float:
 
 def _reference_meta(seq_lens: list[int], q_len: int, tables: torch.Tensor):
     """AttentionMetadata of B sequences with q_len new tokens each, for the PyTorch reference."""
-    from heron.executor.attention.backend import AttentionMetadata
+    from heron.attention.backend import AttentionMetadata
 
     b, dev = len(seq_lens), tables.device
     qsl = torch.arange(0, (b + 1) * q_len, q_len, dtype=torch.int32)
@@ -238,7 +238,7 @@ def _reference_meta(seq_lens: list[int], q_len: int, tables: torch.Tensor):
 def _fi_pages(seq_lens: list[int], tables: torch.Tensor, block_size: int):
     """FlashInfer's page table of a batch, as the backend builds it: host indptr and last_page_len, device
     indices."""
-    from heron.executor.attention.flashinfer_backend import page_table
+    from heron.attention.flashinfer_backend import page_table
 
     b = len(seq_lens)
     indptr, last, indices = np.zeros(b + 1, np.int32), np.zeros(b, np.int32), np.zeros(tables.numel(), np.int32)
@@ -337,8 +337,8 @@ def bench_vs_flashinfer(
     by CUDA-graph replay, the reference eagerly. Ratios are our time / FlashInfer's (target <= 1.2); outputs
     must agree within bf16 tolerance. Without flashinfer-python, ours and the reference are still timed and
     nothing is saved."""
+    from heron.attention.torch_ref import paged_attention_batched
     from heron.bench.report import format_table, make_result, save_result
-    from heron.executor.attention.torch_ref import paged_attention_batched
     from heron.kernels.paged_decode import paged_decode_attention
     from heron.kernels.paged_prefill import paged_prefill_attention
 

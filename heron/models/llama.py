@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from heron.attention import AttentionBackend, AttentionMetadata
 from heron.distributed import get_tp_world_size
-from heron.executor.attention import AttentionBackend, AttentionMetadata
 from heron.models.config import TransformerConfig
 from heron.models.layers import RMSNorm, RotaryEmbedding, norm_linear
 from heron.models.parallel_linear import (

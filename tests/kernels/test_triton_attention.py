@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
+from heron.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.paged_decode import (
     _paged_decode_kernel,
     default_block_n,
@@ -276,7 +276,7 @@ def test_paged_prefill_padded_group_tiles(tiles):
 
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_triton_backend_matches_torch_backend(kind):
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(6)
     num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
@@ -303,7 +303,7 @@ def test_triton_backend_matches_torch_backend(kind):
 def test_triton_backend_orders_a_decode_step_once(monkeypatch):
     """Every layer of a decode step launches its programs longest first, from one sort per step; mixed steps
     (rows found through query_start_loc) keep grid order."""
-    from heron.executor.attention import triton_backend
+    from heron.attention import triton_backend
     from heron.kernels import paged_decode
 
     sorts, orders = [], []
@@ -413,7 +413,7 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
     lengths, tables and inputs in place and replay: the result must follow the new values (nothing host-side
     baked in), including a padded (seq_len 0, slot -1) row. Batch 96 (one partition) launches longest first:
     the sort is replayed with the graph."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
     from heron.kernels.rope import apply_rope_and_cache
     from heron.models.layers import RotaryEmbedding
 
@@ -480,7 +480,7 @@ def _pad_to_graph(meta, tokens: int) -> None:
 
 def test_triton_backend_plans_graph_steps():
     """A captured prefill graph replays any mix of rows: always both kernels. Decode graphs stay decode."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(10)
     prefill = make_batch([20, 9], [20, 3], 16, DEVICE, gen)
@@ -496,7 +496,7 @@ def test_triton_backend_plans_graph_steps():
 def test_triton_backend_runs_a_padded_graph_batch(kind):
     """A step padded to a prefill graph's (tokens, sequences): the real rows as the torch backend gives them,
     padded sequences skipped by both kernels, and the rows past the step's tokens zeros (not garbage)."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(11)
     num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16

@@ -1,9 +1,9 @@
 """Attention backends behind one interface; `get_backend` picks one by name."""
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
-from heron.executor.attention.flashinfer_backend import FlashInferAttentionBackend
-from heron.executor.attention.torch_ref import TorchAttentionBackend
-from heron.executor.attention.triton_backend import TritonAttentionBackend
+from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.flashinfer_backend import FlashInferAttentionBackend
+from heron.attention.torch_ref import TorchAttentionBackend
+from heron.attention.triton_backend import TritonAttentionBackend
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
     "torch": TorchAttentionBackend,

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from heron.executor.attention.flashinfer_backend import SCRATCH_BLOCK, page_table
-from heron.executor.attention.torch_ref import TorchAttentionBackend
+from heron.attention.flashinfer_backend import SCRATCH_BLOCK, page_table
+from heron.attention.torch_ref import TorchAttentionBackend
 from heron.models.layers import write_kv_torch
 from tests.kernels.kernel_utils import assert_close, make_batch, make_cache
 
@@ -66,7 +66,7 @@ def test_page_table_of_all_padded_and_empty_batches():
 
 
 def _backend(num_heads, num_kv_heads, head_dim, max_seqs, meta, block_size=16):
-    from heron.executor.attention.flashinfer_backend import FlashInferAttentionBackend
+    from heron.attention.flashinfer_backend import FlashInferAttentionBackend
 
     fi = FlashInferAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
     fi.reserve(

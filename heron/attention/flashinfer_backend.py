@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata
 
 WORKSPACE_BYTES = 128 << 20  # float workspace (split-KV partials), FlashInfer's recommended size
 INT_WORKSPACE_BYTES = 8 << 20  # the size each wrapper allocates for its schedule
