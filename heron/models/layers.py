@@ -12,6 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from heron.kernels.reference import apply_rope_ref as rope_torch
+from heron.kernels.reference import rms_norm_ref as rms_norm_torch
+from heron.kernels.reference import silu_and_mul_ref as silu_and_mul_torch
+from heron.kernels.reference import write_kv_ref as write_kv_torch
 from heron.models import blas
 
 
@@ -76,18 +80,6 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x, self.weight, self.eps, residual)
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """RMSNorm in PyTorch (float32 statistics): the CPU path and the reference for the Triton kernel."""
-    if residual is not None:
-        x = x + residual
-        residual = x
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * h.to(dtype)
-    return out if residual is None else (out, residual)
-
-
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """[..., 2I] -> silu(gate) * up [..., I]: one Triton kernel on CUDA (heron/kernels/activation.py)."""
     if x.is_cuda:
@@ -95,12 +87,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return silu_and_mul_triton(x)
     return silu_and_mul_torch(x)
-
-
-def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
-    """silu_and_mul in PyTorch: the CPU path and the reference for the Triton kernel."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -175,34 +161,3 @@ class RotaryEmbedding(nn.Module):
         q, k = rope_torch(q, k, positions, self.cos_sin, *norm)
         write_kv_torch(k, v, kv_cache, slot_mapping)
         return q
-
-
-def rope_torch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-):
-    """Optional per-head RMSNorm, then RoPE, in PyTorch: the CPU path and the reference for the Triton kernel."""
-    if q_norm_weight is not None:
-        q, k = rms_norm_torch(q, q_norm_weight, eps), rms_norm_torch(k, k_norm_weight, eps)
-    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def write_kv_torch(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] into kv_cache [2, num_blocks, block_size, Hkv, D] at slot_mapping [T'] (a slot of -1 or
-    a row t >= T' is skipped), in PyTorch: the CPU path and the reference for the Triton kernel."""
-    slots = slot_mapping[: k.shape[0]]
-    keep = slots >= 0
-    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-    flat[0].index_copy_(0, slots[keep], k[: slots.shape[0]][keep].to(kv_cache.dtype))
-    flat[1].index_copy_(0, slots[keep], v[: slots.shape[0]][keep].to(kv_cache.dtype))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

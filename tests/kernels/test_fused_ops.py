@@ -12,14 +12,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from heron.kernels.activation import (
-    _silu_and_mul_kernel,
-    silu_and_mul,
-    silu_and_mul_ref,
-)
-from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm, rms_norm_ref
-from heron.kernels.rope import apply_rope, apply_rope_and_cache, apply_rope_ref
-from heron.models.layers import write_kv_torch
+from heron.kernels.activation import _silu_and_mul_kernel, silu_and_mul
+from heron.kernels.reference import apply_rope_ref, rms_norm_ref, silu_and_mul_ref, write_kv_ref
+from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+from heron.kernels.rope import apply_rope, apply_rope_and_cache
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
@@ -163,7 +159,7 @@ def test_apply_rope_and_cache(dtype, qk_norm, tokens, num_heads, num_kv_heads, h
     slots = slots.to(DEVICE)
     want_cache = cache.clone()
     q_ref, k_ref = apply_rope_ref(q, k, positions, cos_sin, *norm)
-    write_kv_torch(k_ref, v, want_cache, slots)
+    write_kv_ref(k_ref, v, want_cache, slots)
     q_out = apply_rope_and_cache(q, k, v, positions, cos_sin, cache, slots, *norm, q_out=_poison(q.shape, dtype))
     _check(q_out, q_ref, "q")
     _check(cache, want_cache, "cache")

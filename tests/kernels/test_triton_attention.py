@@ -16,10 +16,9 @@ from heron.kernels.paged_decode import (
     longest_first,  # noqa: E402
     make_decode_workspace,
     paged_decode_attention,
-    paged_decode_ref,
 )
-from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
-from heron.models.layers import write_kv_torch  # noqa: E402
+from heron.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
+from heron.kernels.reference import paged_decode_ref, paged_prefill_ref, write_kv_ref  # noqa: E402
 from tests.kernels.kernel_utils import assert_close, make_batch, make_cache, pick_device, skip_unless_runnable  # noqa: E402
 
 DEVICE = pick_device()
@@ -293,7 +292,7 @@ def test_triton_backend_matches_torch_backend(kind):
     tri.num_partitions = 2 if not ON_GPU else None
     tri.reserve(len(seq_lens), DEVICE)
     assert tri.plan(meta) == kind
-    write_kv_torch(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
+    write_kv_ref(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q.float(), cache.float(), meta)
     tri.prepare(meta)
     got = tri.forward(q, cache, meta)
@@ -464,7 +463,7 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
         graph.replay()
         torch.cuda.synchronize()
         want_cache = before
-        write_kv_torch(k, v, want_cache, meta.slot_mapping)
+        write_kv_ref(k, v, want_cache, meta.slot_mapping)
         assert torch.equal(cache, want_cache)
         ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim**-0.5)
         assert_close(out, ref, torch.bfloat16, f"replay {step}")
@@ -508,7 +507,7 @@ def test_triton_backend_runs_a_padded_graph_batch(kind):
     q = torch.randn(tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
     k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
     v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
-    write_kv_torch(k, v, cache, meta.slot_mapping)
+    write_kv_ref(k, v, cache, meta.slot_mapping)
     scale = head_dim**-0.5
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q[:n].float(), cache.float(), meta)
     _pad_to_graph(meta, tokens)
