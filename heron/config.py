@@ -108,6 +108,9 @@ class EngineConfig:
     device: str = "auto"
     attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
+    # On CUDA: time each projection's cuBLAS / cuBLASLt kernels at start-up and run the fastest (heron/kernels/
+    # gemm); off: cuBLAS past the GEMV's rows. Ignored on the CPU.
+    matmul_tuning: bool = True
 
     def verify(self) -> None:
         self.model.verify()

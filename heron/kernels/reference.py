@@ -24,10 +24,39 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
     return out if residual is None else (out, residual)
 
 
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * rmsnorm(x + residual), x + residual): `rms_norm_ref` in the kernel's signature."""
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def rms_norm_linear_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.linear(rmsnorm(x + residual)), x + residual), x the residual without one (heron/kernels/gemv.py's
+    norm prologue, whose one rounding of h * weight sits within a bf16 rounding of these two)."""
+    if residual is None:
+        normed, residual = rms_norm_ref(x, norm_weight, eps), x
+    else:
+        normed, residual = rms_norm_ref(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), residual
+
+
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """[..., 2I] -> silu(gate) * up [..., I] (heron/kernels/activation.py)."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def silu_mul_linear_ref(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight, bias) (heron/kernels/gemv.py's SwiGLU prologue)."""
+    return F.linear(silu_and_mul_ref(gate_up), weight, bias)
 
 
 def apply_rope_ref(
@@ -45,6 +74,24 @@ def apply_rope_ref(
         q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def apply_rope_and_cache_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """`apply_rope_ref`, with the rotated k and v written into the paged cache (`write_kv_ref`); returns q."""
+    q, k = apply_rope_ref(q, k, positions, cos_sin, q_norm_weight, k_norm_weight, eps)
+    write_kv_ref(k, v, kv_cache, slot_mapping)
+    return q
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -172,7 +172,7 @@ def test_model_shapes_default_configs(m):
 
 @gpu_only
 def test_linear_dispatch():
-    from heron.models.layers import linear
+    from heron.kernels.gemm.linear import linear
 
     x, w, b = _inputs(8, 1024, 2048, torch.bfloat16, seed=5)
     _check(linear(x, w, b), x, w, b, "linear -> gemv")

@@ -414,7 +414,7 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
     the sort is replayed with the graph."""
     from heron.attention.triton_backend import TritonAttentionBackend
     from heron.kernels.rope import apply_rope_and_cache
-    from heron.models.layers import RotaryEmbedding
+    from heron.layers.rotary import RotaryEmbedding
 
     gen = _gen(9)
     num_heads, num_kv_heads, head_dim, block_size = 32, 8, 128, 16

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from heron.distributed import destroy_distributed, init_distributed, parallel_state
-from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
+from heron.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
 def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
