@@ -15,7 +15,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 def get_backend_cls(name: str, device_type: str) -> type[AttentionBackend]:
     """`auto`: our Triton kernels on a GPU, the PyTorch reference on the CPU. FlashInfer is only ever chosen by
     name: it is an optional dependency that JIT-compiles for minutes on first use, and it has not been measured
-    faster than our kernels (`python -m heron.kernels.bench --vs-flashinfer` measures both)."""
+    faster than our kernels (`python -m heron.bench.kernels --vs-flashinfer` measures both)."""
     if name == "auto":
         name = "triton" if device_type == "cuda" else "torch"
     if name not in BACKENDS:

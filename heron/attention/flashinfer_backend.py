@@ -79,7 +79,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             ) from e
         self._fi = flashinfer
         # Decode on tensor cores (FlashInfer's prefill kernels, one query row) pays once a KV head serves
-        # several query heads; `python -m heron.kernels.bench --vs-flashinfer` times both kinds.
+        # several query heads; `python -m heron.bench.kernels --vs-flashinfer` times both kinds.
         self.use_tensor_cores = num_heads // num_kv_heads >= 4
         self._planned: tuple[AttentionMetadata, Any] | None = None
         self._graph_decode: dict[int, Any] = {}  # batch size -> its CUDA-graph decode wrapper

@@ -278,7 +278,7 @@ def paged_prefill_attention(
     max_query_len: a host-side upper bound of the chunk lengths (sizes the grid). skip_decode: leave the rows
     of sequences with one query token untouched (the decode kernel does them). Returns `out` (allocated like q
     if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
-    override `default_prefill_config` (the tile sweep, `python -m heron.kernels.bench --prefill-only --sweep`).
+    override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
