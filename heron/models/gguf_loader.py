@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from heron.config import ModelSource
 from heron.layers.rotary import rope_inv_freq
-from heron.models.loader import ModelSource
 
 # GGUF `general.architecture` -> (Hugging Face architecture, model_type)
 ARCHITECTURES = {
