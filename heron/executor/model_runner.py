@@ -61,10 +61,9 @@ class ModelRunner:
         self.num_heads, self.num_kv_heads = model_cfg.heads_per_rank(get_tp_world_size())
         backend_cls = get_backend_cls(config.attention_backend, device.type)
         self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim**-0.5)
+        self.matmul_plans = MatmulPlans()  # the projections' tuned BLAS kernels (_tune_matmuls), kept by the layers
         self.model = self._load_model(source)
         sched = config.scheduler
-        self.matmul_plans = MatmulPlans()  # the tuned kernel per projection weight, read by the matmul door
-        use_plans(self.matmul_plans)
         if device.type == "cuda" and config.matmul_tuning:
             self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
@@ -98,7 +97,8 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device("meta"):  # no time spent on random init of weights about to be overwritten
+            # on `meta`: no time spent on random init of weights about to be overwritten
+            with torch.device("meta"), use_plans(self.matmul_plans):
                 model = cls(self.model_cfg, self.backend)
         finally:
             torch.set_default_dtype(default_dtype)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,7 +56,7 @@ class NormLinear(DeviceOps):
         if self.weight.is_cuda:
             from heron.kernels.gemm.linear import rms_norm_linear
 
-            self._norm_linear = rms_norm_linear
+            self._norm_linear = partial(rms_norm_linear, plans=self.proj.matmul_plans)
         else:
             self._norm_linear = rms_norm_linear_ref
 

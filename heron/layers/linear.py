@@ -7,16 +7,20 @@ closes it (o, down) is split by input features, so each rank holds a partial sum
 Each layer's `weight_loader(param, loaded_weight, shard_id)` takes the full checkpoint tensor and copies this
 rank's slice, so loaders never know about ranks. At world size 1 every forward is the plain op of the layer it
 replaces (F.linear) with the same parameter names and shapes: on CUDA through the matmul door
-(heron/kernels/gemm/linear.py: the GEMV at decode sizes, else the tuned BLAS kernel), F.linear elsewhere.
+(heron/kernels/gemm/linear.py: the GEMV at decode sizes, else the BLAS kernel tuned for the weight in the
+`MatmulPlans` registry the layer was built with), F.linear elsewhere.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from heron.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+from heron.kernels.gemm.plans import plans_for_new_layer
 from heron.kernels.reference import silu_mul_linear_ref
 from heron.layers.device_ops import DeviceOps
 
@@ -54,13 +58,14 @@ class ColumnParallelLinear(DeviceOps):
         self.local_sizes = [divide(s, self.tp_size, "output size") for s in output_sizes]
         self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+        self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
         if self.weight.is_cuda:
             from heron.kernels.gemm.linear import linear
 
-            self._linear = linear
+            self._linear = partial(linear, plans=self.matmul_plans)
         else:
             self._linear = F.linear
 
@@ -96,13 +101,14 @@ class RowParallelLinear(DeviceOps):
         self.local_input = divide(input_size, self.tp_size, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+        self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
         if self.weight.is_cuda:
             from heron.kernels.gemm.linear import linear, silu_mul_linear
 
-            self._linear = silu_mul_linear if self.swiglu else linear
+            self._linear = partial(silu_mul_linear if self.swiglu else linear, plans=self.matmul_plans)
         else:
             self._linear = silu_mul_linear_ref if self.swiglu else F.linear
 

@@ -3,6 +3,8 @@ split for both, which is what lets them stay tied)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,7 @@ from heron.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from heron.kernels.gemm.plans import plans_for_new_layer
 from heron.layers.device_ops import DeviceOps
 from heron.layers.linear import check_shape
 
@@ -53,6 +56,7 @@ class ParallelLMHead(VocabParallelEmbedding, DeviceOps):
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__(num_embeddings, embedding_dim)
+        self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
@@ -61,7 +65,9 @@ class ParallelLMHead(VocabParallelEmbedding, DeviceOps):
             from heron.kernels.gemm.linear import linear
             from heron.kernels.gemv import use_gemv
 
-            self._linear, self._mm_float32, self._use_gemv = linear, mm_float32, use_gemv
+            plans = self.matmul_plans
+            self._linear, self._mm_float32 = partial(linear, plans=plans), partial(mm_float32, plans=plans)
+            self._use_gemv = use_gemv
         else:
             self._linear, self._mm_float32, self._use_gemv = F.linear, None, None
 

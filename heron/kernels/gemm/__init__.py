@@ -5,7 +5,8 @@
               gemv.py) at up to 16 rows, else blas.py.
 - blas.py     cuBLAS, PyTorch's cuBLASLt or another cuBLASLt candidate, as the weight's tuned plan says; the LM
               head's float32-output matmul.
-- plans.py    `Plan` (one weight's choices by row count) and `MatmulPlans`, the registry the model runner owns.
+- plans.py    `Plan` (one weight's choices by row count) and `MatmulPlans`, the registry a model runner owns;
+              layers built inside `use_plans(registry)` keep it and pass it on each call.
 - tune.py     the start-up tuner that fills the registry (`--matmul-tuning on`).
 - cublaslt.py cuBLASLt through ctypes: its heuristic's candidates, a searched configuration from
               cublaslt_table.json (per GPU model; benchmarks/cublaslt_probe.py searches and writes it).

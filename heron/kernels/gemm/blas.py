@@ -1,5 +1,5 @@
 """The BLAS side of the matmul door on CUDA: cuBLAS (PyTorch's default), PyTorch's cuBLASLt, or one of
-cuBLASLt's other candidates, as the weight's tuned `Plan` says (plans.py; tune.py made it).
+cuBLASLt's other candidates, as the weight's tuned `Plan` in the layer's registry says (plans.py; tune.py made it).
 
 A row count between two tuned ones takes the library chosen at the next one up, the size a captured step of that
 many rows runs padded to; a cuBLASLt candidate belongs to its exact problem, so it runs only at the row count it
@@ -16,13 +16,15 @@ import torch.nn.functional as F
 
 from heron.kernels.gemm import cublaslt
 from heron.kernels.gemm.cublaslt import Candidate
-from heron.kernels.gemm.plans import plan_for
+from heron.kernels.gemm.plans import MatmulPlans
 
 
-def blas_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def blas_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+) -> torch.Tensor:
     """F.linear by the kernel tuned for this weight at this many rows (cuBLAS, F.linear, for a weight without a
-    plan)."""
-    plan = plan_for(weight)
+    plan in `plans`)."""
+    plan = plans.get(weight) if plans is not None else None
     if plan is not None:
         rows = x.numel() // x.shape[-1]
         cand = plan.candidate(rows)
@@ -35,10 +37,12 @@ def blas_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return F.linear(x, weight, bias)
 
 
-def mm_float32(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def mm_float32(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, plans: MatmulPlans | None = None
+) -> torch.Tensor:
     """float32 x [m, k] @ weight [n, k].T from 16-bit operands, written into `out` if given: the tuned cuBLASLt
     candidate at its row count, else PyTorch's matmul with a float32 output."""
-    plan = plan_for(weight, float32_out=True)
+    plan = plans.get(weight, float32_out=True) if plans is not None else None
     cand = plan.candidate(x.shape[0]) if plan is not None else None
     if cand is not None:
         y = _run(cand, x, weight, torch.float32, out)

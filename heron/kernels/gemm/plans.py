@@ -1,15 +1,19 @@
-"""The tuned matmul choices of a model's weights, and where the matmul door finds them.
+"""The tuned matmul choices of a model's weights, and how a model's layers find them.
 
-A `Plan` is one weight's choices at the row counts the start-up tuner timed (tune.py). The model runner owns a
-`MatmulPlans` registry, fills it by tuning and installs it with `use_plans`; `linear` / `mm_float32` look a
-weight's plan up there on each call. Nothing is stored on the parameters, and a weight without a plan (tuning
-off, the CPU, a weight made after tuning) takes the untuned path: the GEMV at decode sizes, else cuBLAS.
+A `Plan` is one weight's choices at the row counts the start-up tuner timed (tune.py). Each model runner owns a
+`MatmulPlans` registry and builds its model inside `use_plans(registry)`: every projection layer takes the
+registry in force when it is built and hands it to the matmul door on each call, and the runner fills it when it
+tunes. So two engines in one process keep their own plans, nothing is stored on the parameters, and a weight
+without a plan (tuning off, the CPU, a layer built outside a runner) takes the untuned path: the GEMV at decode
+sizes, else cuBLAS.
 """
 
 from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -53,15 +57,20 @@ class MatmulPlans:
         return sum(map(len, self._by_id))
 
 
-_in_use = MatmulPlans()
+_UNTUNED = MatmulPlans()  # what layers built outside `use_plans` take; never filled
+_building: list[MatmulPlans] = []
 
 
-def use_plans(plans: MatmulPlans) -> None:
-    """Make `plans` the registry the matmul door reads (the model runner's, once it has built its model)."""
-    global _in_use
-    _in_use = plans
+@contextmanager
+def use_plans(plans: MatmulPlans) -> Iterator[None]:
+    """Layers built inside take their matmul plans from `plans` (the model runner's)."""
+    _building.append(plans)
+    try:
+        yield
+    finally:
+        _building.pop()
 
 
-def plan_for(weight: torch.Tensor, float32_out: bool = False) -> Plan | None:
-    """The installed registry's plan for `weight`, or None."""
-    return _in_use.get(weight, float32_out)
+def plans_for_new_layer() -> MatmulPlans:
+    """The registry a projection layer built now keeps: the innermost `use_plans`'s, else an empty one."""
+    return _building[-1] if _building else _UNTUNED

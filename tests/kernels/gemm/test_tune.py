@@ -79,13 +79,13 @@ def test_tune_picks_a_checked_candidate_only_at_its_row_count_and_past_the_margi
     assert plan.candidate(31) is None  # a candidate belongs to its exact problem
     assert found[(32, 6, 4, torch.float32)] == (2.0, 1.9, "candidate")
     assert found[(64, 6, 4, torch.float32)][2] == "cublas"
-    monkeypatch.setattr(plans, "_in_use", registry)  # installed, as the model runner installs its registry
     lt.runs.clear()
     x = torch.randn(32, 4)
-    torch.testing.assert_close(blas.blas_linear(x, ws[1]), F.linear(x, ws[1]))
+    torch.testing.assert_close(blas.blas_linear(x, ws[1], None, registry), F.linear(x, ws[1]))
     assert lt.runs == [(2, 32)]
-    blas.blas_linear(torch.randn(31, 4), ws[1])
-    blas.blas_linear(x, ws[1], torch.zeros(6))  # a bias: not a candidate's problem
+    blas.blas_linear(torch.randn(31, 4), ws[1], None, registry)
+    blas.blas_linear(x, ws[1], torch.zeros(6), registry)  # a bias: not a candidate's problem
+    blas.blas_linear(x, ws[1])  # no registry: untuned
     assert lt.runs == [(2, 32)]
 
 
@@ -171,12 +171,14 @@ def test_summary_sums_a_step_per_row_count():
     assert "32: 9.00 -> 6.00" in line and "64: 3.00 -> 2.00" in line
 
 
-def test_a_layer_on_the_cpu_ignores_a_plan(monkeypatch):
-    layer = ColumnParallelLinear(4, [6], bias=False)
+def test_layers_keep_the_registry_they_were_built_with_and_the_cpu_ignores_its_plans():
+    registry = MatmulPlans()
+    with plans.use_plans(registry):
+        layer = ColumnParallelLinear(4, [6], bias=False)
+    assert layer.matmul_plans is registry and ColumnParallelLinear(4, [6], bias=False).matmul_plans is not registry
     w = layer.weight
     torch.nn.init.normal_(w)
-    tune.tune(registry := MatmulPlans(), [w], [32], _fake_timer({(32, 6)})[0])
-    monkeypatch.setattr(plans, "_in_use", registry)
+    tune.tune(registry, [w], [32], _fake_timer({(32, 6)})[0])
     x = torch.randn(20, 4)
     assert registry.get(w).wants_lt(20)
     torch.testing.assert_close(layer(x), F.linear(x, w), rtol=0, atol=0)
@@ -196,27 +198,29 @@ def test_the_registry_finds_a_weight_by_identity_and_holds_it_weakly():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_tuned_kernels_on_cuda_match_a_float_reference_also_in_a_graph(monkeypatch):
-    from heron.kernels.gemm.linear import linear
+def test_tuned_kernels_on_cuda_match_a_float_reference_also_in_a_graph():
+    from heron.kernels.gemm.linear import linear as door
 
     dev = torch.device("cuda")
     ws = [torch.randn(2048, 1024, device=dev, dtype=torch.bfloat16) for _ in range(4)]
     head = torch.randn(4096, 1024, device=dev, dtype=torch.bfloat16)
-    monkeypatch.setattr(plans, "_in_use", registry := MatmulPlans())
+    registry = MatmulPlans()
+    linear = lambda x, w: door(x, w, plans=registry)  # as a layer built with the registry calls it
+    mm_float32 = lambda x, w, out=None: blas.mm_float32(x, w, out, registry)
     found = tune.tune(registry, ws, [32, 128, 200], float32_out=[head])
     assert len(found) == 6 and all(t[0] > 0 and 0 < t[1] <= t[0] for t in found.values())
     before = torch.backends.cuda.preferred_blas_library()
     for m in (32, 100, 128, 200):  # 100: the library chosen at 128; the others may run a candidate
         x = torch.randn(m, 1024, device=dev, dtype=torch.bfloat16)
         torch.testing.assert_close(linear(x, ws[1]).float(), F.linear(x.float(), ws[1].float()), rtol=2e-2, atol=2e-1)
-        torch.testing.assert_close(blas.mm_float32(x, head), x.float() @ head.float().T, rtol=1e-3, atol=1e-2)
+        torch.testing.assert_close(mm_float32(x, head), x.float() @ head.float().T, rtol=1e-3, atol=1e-2)
         assert torch.backends.cuda.preferred_blas_library() == before
     x = torch.randn(200, 1024, device=dev, dtype=torch.bfloat16)
     logits = torch.empty(256, 4096, device=dev)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # captured as a decode graph captures them
         y = linear(x, ws[2])
-        blas.mm_float32(y[:, :1024].contiguous(), head, logits[:200])
+        mm_float32(y[:, :1024].contiguous(), head, logits[:200])
     x.copy_(torch.randn_like(x))
     graph.replay()
     ref = F.linear(x.float(), ws[2].float())
