@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from heron.kernels.bench import _time_graph  # noqa: E402
-from heron.models.blas import linear_lt  # noqa: E402
+from heron.bench.kernel_timing import time_graph  # noqa: E402
+from heron.kernels.gemm.blas import linear_lt  # noqa: E402
 
 SHAPES = {
     "qkv": (6144, 4096, 36),
@@ -46,12 +46,12 @@ def main(rows: tuple[int, ...]) -> None:
                 for w in ws:
                     F.linear(x, w)
 
-            t = [_time_graph(lambda: [call(x, w) for w in ws], iters=1) / len(ws) for call in (F.linear, linear_lt)]
+            t = [time_graph(lambda: [call(x, w) for w in ws], iters=1) / len(ws) for call in (F.linear, linear_lt)]
             tunable.enable(True)
             tunable.tuning_enable(True)
             ref = F.linear(x, ws[0])  # tunes this shape
             tunable.tuning_enable(False)
-            t.append(_time_graph(run, iters=1) / len(ws))
+            t.append(time_graph(run, iters=1) / len(ws))
             diff = (F.linear(x, ws[0]).float() - ref.float()).abs().max().item()
             tunable.enable(False)
             base = F.linear(x, ws[0]).float()
@@ -76,8 +76,8 @@ def main(rows: tuple[int, ...]) -> None:
     for m in (64, 200, 256):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         out = torch.empty(m, n, device=dev, dtype=torch.float32)
-        a = _time_graph(lambda: out.copy_(F.linear(x, w)), iters=1)
-        b = _time_graph(lambda: torch.mm(x, w.t(), out_dtype=torch.float32, out=out), iters=1)
+        a = time_graph(lambda: out.copy_(F.linear(x, w)), iters=1)
+        b = time_graph(lambda: torch.mm(x, w.t(), out_dtype=torch.float32, out=out), iters=1)
         diff = (torch.mm(x, w.t(), out_dtype=torch.float32) - F.linear(x.float(), w.float())).abs().max().item()
         print(f"  M={m}: {a * 1e6:7.1f} {b * 1e6:7.1f}  (float32 out vs float32 reference max|diff| {diff:.3g})")
 

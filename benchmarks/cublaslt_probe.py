@@ -2,15 +2,16 @@
 
 `python benchmarks/cublaslt_probe.py [--model DIR] [--search] [--table PATH] [rows ...]`. PyTorch's matmul runs cuBLAS's
 default or cuBLASLt's first heuristic pick, and its TunableOp registers no other kernel on CUDA
-(docs/perf_notes.md run 23). This asks cuBLASLt itself (`heron.models.cublaslt`, the engine's binding) for its
+(docs/perf_notes.md run 23). This asks cuBLASLt itself (`heron.kernels.gemm.cublaslt`, the engine's binding) for its
 heuristic candidates per (shape, rows) and, with `--search`, for every configuration of their algorithms
 (tiles x stages x split-K, `CublasLt.search`); it checks each one's product against F.linear and times each
 over rotating weight copies (past the L2 cache), against cuBLAS's default and PyTorch's cuBLASLt, all by
-`blas.time_on_gpu` (the engine's start-up timer). `--table` writes the searched configurations that beat every
-heuristic candidate by 1%, into the table `CublasLt` reads (heron/models/cublaslt_table.json: this GPU model's
+`tune.time_on_gpu` (the engine's start-up timer). `--table` writes the searched configurations that beat every
+heuristic candidate by 1%, into the table `CublasLt` reads (heron/kernels/gemm/cublaslt_table.json: this GPU model's
 entries are replaced, other models' kept). The H200's table came from (run 34)
-`python benchmarks/cublaslt_probe.py --search --shapes qkv,o,gate_up,down --table heron/models/cublaslt_table.json
-$(seq 64 8 256)`; `--model` takes the projections' shapes from a model folder's config.json instead of Qwen3-8B's.
+`python benchmarks/cublaslt_probe.py --search --shapes qkv,o,gate_up,down --table
+heron/kernels/gemm/cublaslt_table.json $(seq 64 8 256)`; `--model` takes the projections' shapes from a model
+folder's config.json instead of Qwen3-8B's.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from heron.models.blas import CANDIDATE_MARGIN, MAX_REL_ERR, linear_lt, time_on_gpu  # noqa: E402
-from heron.models.cublaslt import Candidate, CublasLt, table_key  # noqa: E402
+from heron.kernels.gemm.blas import linear_lt  # noqa: E402
+from heron.kernels.gemm.cublaslt import Candidate, CublasLt, table_key  # noqa: E402
+from heron.kernels.gemm.tune import CANDIDATE_MARGIN, MAX_REL_ERR, time_on_gpu  # noqa: E402
 
 QWEN3_8B = {
     "vocab_size": 151936,

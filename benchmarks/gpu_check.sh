@@ -12,28 +12,28 @@ run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }
 for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
-  kernels) run kernels python3 -m heron.kernels.bench ;;
+  kernels) run kernels python3 -m heron.bench.kernels ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
-  kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/executor/attention ;;
+  kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/attention tests/layers ;;
   quick-tests)  # the GPU-only kernel tests of session 3's changes (all of kernel-tests takes ~5 min)
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
         tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
   graph-tests)  # CUDA graphs of prefill and mixed steps: engine outputs against enforce_eager, padded attention
     run graph-tests python3 -m pytest -q -p no:cacheprovider tests/executor/test_model_runner.py \
-        tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py tests/models/test_blas.py \
-        tests/models/test_parallel_linear.py -k "graph or cuda" ;;
+        tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py tests/kernels/gemm/test_tune.py \
+        tests/layers/test_linear.py -k "graph or cuda" ;;
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
-    run gemv-bench python3 -m heron.kernels.bench --gemv ;;
-  gemv-sweep) run gemv-sweep python3 -m heron.kernels.bench --gemv --sweep ;;
-  prefill-sweep) run prefill-sweep python3 -m heron.kernels.bench --prefill-only --sweep ;;
-  decode-sweep) run decode-sweep python3 -m heron.kernels.bench --decode-only --sweep ;;
+    run gemv-bench python3 -m heron.bench.kernels --gemv ;;
+  gemv-sweep) run gemv-sweep python3 -m heron.bench.kernels --gemv --sweep ;;
+  prefill-sweep) run prefill-sweep python3 -m heron.bench.kernels --prefill-only --sweep ;;
+  decode-sweep) run decode-sweep python3 -m heron.bench.kernels --decode-only --sweep ;;
   blas-probe) run blas-probe python3 benchmarks/blas_probe.py ;;  # cuBLAS / cuBLASLt / TunableOp per projection
   cublaslt-probe) run cublaslt-probe python3 benchmarks/cublaslt_probe.py ;;  # cuBLASLt's other candidates
   cublaslt-search)  # every configuration of the candidates' algorithms; the winners into the tree's table
     run cublaslt-search timeout "${CUBLASLT_TIMEOUT:-420}" python3 benchmarks/cublaslt_probe.py --search \
-        --shapes qkv,o,gate_up,down --table heron/models/cublaslt_table.json ${CUBLASLT_ROWS:-$(seq 64 8 256)}
-    cp heron/models/cublaslt_table.json "$OUT/" ;;
+        --shapes qkv,o,gate_up,down --table heron/kernels/gemm/cublaslt_table.json ${CUBLASLT_ROWS:-$(seq 64 8 256)}
+    cp heron/kernels/gemm/cublaslt_table.json "$OUT/" ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
@@ -61,17 +61,17 @@ for s in $SECTIONS; do case $s in
   fi-build)  # FlashInfer's JIT builds in the background (nvcc on the CPUs, a tiny GPU run) while the next
     # sections run; kernels-vs-flashinfer waits for it
     . benchmarks/flashinfer_cache.sh
-    timeout 480 python3 -m heron.kernels.bench --vs-flashinfer --batch 4 > "$OUT/fi-build.log" 2>&1 &
+    timeout 480 python3 -m heron.bench.kernels --vs-flashinfer --batch 4 > "$OUT/fi-build.log" 2>&1 &
     FI_BUILD=$! ;;
   kernels-vs-flashinfer)
     [ -n "${FI_BUILD:-}" ] && { wait "$FI_BUILD"; echo "fi-build exited $?"; FI_BUILD=; }
     . benchmarks/flashinfer_cache.sh
-    run kernels-vs-flashinfer timeout 480 python3 -m heron.kernels.bench --vs-flashinfer --save-result
+    run kernels-vs-flashinfer timeout 480 python3 -m heron.bench.kernels --vs-flashinfer --save-result
     fi_cache_save "$OUT" ;;
   flashinfer-tests)
     . benchmarks/flashinfer_cache.sh
     run flashinfer-tests timeout 480 python3 -m pytest -q -p no:cacheprovider \
-        tests/executor/attention/test_flashinfer_backend.py
+        tests/attention/test_flashinfer_backend.py
     fi_cache_save "$OUT" ;;
   serve|serve-no-sweep)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256

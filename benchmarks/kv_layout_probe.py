@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, ".")
-from heron.kernels.bench import _batch, _fi_pages, _time_graph  # noqa: E402
+from heron.bench.kernel_timing import paged_batch, time_graph  # noqa: E402
+from heron.bench.kernels_flashinfer import fi_pages  # noqa: E402
 
 
 @triton.jit
@@ -54,13 +55,13 @@ def _read_kv(
 def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128, block: int = 16) -> None:
     dev, gen = torch.device("cuda"), torch.Generator().manual_seed(0)
     lens_list = torch.randint(lo, hi + 1, (batch,), generator=gen).tolist()
-    nhd, tables, lens = _batch(lens_list, block, hkv, d, dev, gen)  # [2, blocks, block, Hkv, D]
+    nhd, tables, lens = paged_batch(lens_list, block, hkv, d, dev, gen)  # [2, blocks, block, Hkv, D]
     hnd = nhd.transpose(2, 3).contiguous()  # [2, blocks, Hkv, block, D]
     kv_bytes = 2 * sum(lens_list) * hkv * d * 2
     out = torch.empty(batch, hkv, device=dev)
     print(f"B {batch}, contexts U[{lo}, {hi}], {hkv} KV heads, D {d}, block {block}: {kv_bytes / 1e9:.2f} GB of K/V")
     src = torch.empty(kv_bytes // 2, dtype=torch.bfloat16, device=dev)
-    t = _time_graph(lambda: src.clone(), iters=20)
+    t = time_graph(lambda: src.clone(), iters=20)
     print(f"  contiguous copy of the same bytes (read + write): {t * 1e6:7.1f} us, {2 * kv_bytes / t / 1e12:.2f} TB/s")
     for name, cache in (("NHD", nhd), ("HND", hnd)):
         s = cache.stride()
@@ -84,7 +85,7 @@ def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128
                     num_warps=4,
                 )
 
-            t = _time_graph(call, iters=20)
+            t = time_graph(call, iters=20)
             print(
                 f"  read-only kernel, {name}, {tile * block} tokens a tile: {t * 1e6:7.1f} us, "
                 f"{kv_bytes / t / 1e12:.2f} TB/s"
@@ -96,7 +97,7 @@ def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128
         return
     q = torch.randn(batch, hq, d, device=dev, dtype=torch.bfloat16)
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-    indptr, indices, last = _fi_pages(lens_list, tables, block)
+    indptr, indices, last = fi_pages(lens_list, tables, block)
     outs = {}
     for layout, cache in (("NHD", nhd), ("HND", hnd)):
         w = fi.BatchDecodeWithPagedKVCacheWrapper(  # as the backend runs it: a graph-mode wrapper
@@ -110,7 +111,7 @@ def probe(batch: int, lo: int, hi: int, hkv: int = 8, hq: int = 32, d: int = 128
         )
         w.plan(indptr, indices, last, hq, hkv, d, block, q_data_type=q.dtype, kv_data_type=cache.dtype)
         o = outs[layout] = torch.empty_like(q)
-        t = _time_graph(lambda w=w, cache=cache, o=o: w.run(q, (cache[0], cache[1]), out=o), iters=20)
+        t = time_graph(lambda w=w, cache=cache, o=o: w.run(q, (cache[0], cache[1]), out=o), iters=20)
         print(f"  FlashInfer decode (tensor cores), {layout}: {t * 1e6:7.1f} us, {kv_bytes / t / 1e12:.2f} TB/s")
     print(f"  FlashInfer NHD vs HND max |diff|: {(outs['NHD'] - outs['HND']).abs().max().item():.3g}")
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from heron.models.loader import ModelSource
 
 _DTYPES = {
     "float32": torch.float32,
@@ -37,6 +34,19 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}.")
     return _DTYPES[dtype]
+
+
+@dataclass
+class ModelSource:
+    """A model in hand, wherever it came from (heron/models/loader.py makes one from a folder, a hub id or a GGUF
+    file): the config.json dict, a lazy stream of (Hugging Face parameter name, tensor) pairs, the tokenizer and the
+    generation defaults."""
+
+    name: str  # what the server reports as the model id by default
+    hf_config: dict
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    generation_config: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -108,6 +118,9 @@ class EngineConfig:
     device: str = "auto"
     attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
+    # On CUDA: time each projection's cuBLAS / cuBLASLt kernels at start-up and run the fastest (heron/kernels/
+    # gemm); off: cuBLAS past the GEMV's rows. Ignored on the CPU.
+    matmul_tuning: bool = True
 
     def verify(self) -> None:
         self.model.verify()

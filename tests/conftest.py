@@ -1,5 +1,5 @@
 """Shared fixtures: the embedded model's tokenizer and small random-weight checkpoints in Hugging Face
-folders (Llama, Qwen2, Qwen3), made once per test session. Nothing is downloaded."""
+folders (Llama, Qwen2, Qwen3, Phi-3), made once per test session. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def embedded_tokenizer():
 
 
 def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(TINY, vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False)
     if arch == "llama":
@@ -47,6 +47,8 @@ def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
         )
     if arch == "qwen2":
         return Qwen2Config(**common)
+    if arch == "phi3":  # its checkpoint stores qkv_proj and gate_up_proj fused
+        return Phi3Config(**common, pad_token_id=eos)
     return Qwen3Config(**common, head_dim=32)
 
 

@@ -72,6 +72,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flashinfer")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument(
+        "--matmul-tuning",
+        default="on",
+        choices=["on", "off"],
+        help="on CUDA, time each projection's cuBLAS/cuBLASLt kernels at start-up and run the fastest "
+        "(off: cuBLAS past the decode GEMV's 16 rows)",
+    )
+    g.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=int,
@@ -114,4 +121,5 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
         device=args.device,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        matmul_tuning=args.matmul_tuning == "on",
     )

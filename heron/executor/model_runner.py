@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from heron.attention import AttentionMetadata, get_backend_cls
 from heron.config import EngineConfig, resolve_dtype
 from heron.distributed import get_tp_world_size
 from heron.engine.request import PENDING_TOKEN, Sequence
 from heron.engine.scheduler import ScheduledBatch
-from heron.executor.attention import AttentionMetadata, get_backend_cls
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
-from heron.models import blas
+from heron.kernels.gemm.plans import MatmulPlans, use_plans
+from heron.kernels.gemm.tune import tune_and_summarise
+from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
+from heron.layers.vocab_embedding import ParallelLMHead
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
-from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 from heron.models.registry import get_model_cls
 from heron.outputs import Logprobs
 
@@ -59,9 +61,10 @@ class ModelRunner:
         self.num_heads, self.num_kv_heads = model_cfg.heads_per_rank(get_tp_world_size())
         backend_cls = get_backend_cls(config.attention_backend, device.type)
         self.backend = backend_cls(self.num_heads, self.num_kv_heads, model_cfg.head_dim, model_cfg.head_dim**-0.5)
+        self.matmul_plans = MatmulPlans()  # the projections' tuned BLAS kernels (_tune_matmuls), kept by the layers
         self.model = self._load_model(source)
         sched = config.scheduler
-        if device.type == "cuda":
+        if device.type == "cuda" and config.matmul_tuning:
             self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
         self.backend.reserve(
@@ -94,7 +97,8 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device("meta"):  # no time spent on random init of weights about to be overwritten
+            # on `meta`: no time spent on random init of weights about to be overwritten
+            with torch.device("meta"), use_plans(self.matmul_plans):
                 model = cls(self.model_cfg, self.backend)
         finally:
             torch.set_default_dtype(default_dtype)
@@ -118,7 +122,7 @@ class ModelRunner:
         return model
 
     def _tune_matmuls(self) -> None:
-        """The BLAS kernel for each projection at each row count a step can run as (heron/models/blas.py):
+        """The BLAS kernel for each projection at each row count a step can run as (heron/kernels/gemm/tune.py):
         the decode batch sizes past the GEMV's 16 rows, the small-step graphs' token counts and the step
         budget (a library chosen at a row count covers the counts below it down to the next one); the LM
         head's in the dtype its logits take."""
@@ -134,7 +138,8 @@ class ModelRunner:
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
         weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         weights += [m.weight for m in heads if not m.float32_matmul()]
-        logger.info(blas.tune_and_summarise(weights, rows, [m.weight for m in heads if m.float32_matmul()]))
+        float32_out = [m.weight for m in heads if m.float32_matmul()]
+        logger.info(tune_and_summarise(self.matmul_plans, weights, rows, float32_out))
 
     # -- the KV cache ------------------------------------------------------------------------------------------
 

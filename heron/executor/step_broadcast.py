@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from heron.attention import AttentionMetadata
 from heron.engine.scheduler import ScheduledBatch
-from heron.executor.attention import AttentionMetadata
 from heron.executor.input_buffers import StepArrays
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """SwiGLU's activation: silu(gate) * up from the fused gate/up projection [T, 2I] -> [T, I], one kernel.
 
 Program (t, j) takes columns [j * BLOCK, (j + 1) * BLOCK) of token t; the grid (T, ceil(I / BLOCK)) depends only
-on shapes (CUDA-graph capturable). Rounding follows the PyTorch reference (`heron.models.layers.
-silu_and_mul_torch`, which runs on CPU): silu(gate) = gate / (1 + exp(-gate)) in float32, rounded to the dtype,
+on shapes (CUDA-graph capturable). Rounding follows the PyTorch reference (`heron.kernels.reference.
+silu_and_mul_ref`, which runs on CPU): silu(gate) = gate / (1 + exp(-gate)) in float32, rounded to the dtype,
 then times up in float32, rounded again.
 """
 
@@ -14,7 +14,6 @@ import triton.language as tl
 
 from heron.kernels.common import pdl_enter, pdl_options
 from heron.kernels.rmsnorm import fix_bf16, round_to
-from heron.models.layers import silu_and_mul_torch as silu_and_mul_ref  # noqa: F401  (the reference, re-exported)
 
 BLOCK = 1024
 

@@ -44,7 +44,7 @@ The silu prologue rounds like its own kernel (heron/kernels/activation.py); the 
 closer one to float32, and the two differ by about one bf16 rounding of the input.
 
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
-shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.kernels.bench --gemv --sweep` searches
+shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
 """
 
@@ -76,7 +76,7 @@ class GemvConfig:
 
 # (rows, N, K) -> config for 16-bit dtypes, consulted before `default_config`; rows is 1 (the FMA GEMV) or 16
 # (any 2..16 rows: the tensor-core GEMV pads them to 16, so its best config does not depend on M). From
-# `python -m heron.kernels.bench --gemv --sweep` on an H200 (2026-12-02, commit 17c28ae; us: swept / default).
+# `python -m heron.bench.kernels --gemv --sweep` on an H200 (2026-12-02, commit 17c28ae; us: swept / default).
 CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
     (1, 1024, 2048): GemvConfig(8, 1024, 1, num_warps=4, num_stages=3, dot=False),  # 3.8 / 4.8
     (1, 1024, 3072): GemvConfig(8, 1024, 1, num_warps=4, num_stages=3, dot=False),  # 4.5 / 5.2

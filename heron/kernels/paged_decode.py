@@ -319,21 +319,3 @@ def paged_decode_attention(
         **pdl_options(q.device, q.shape[0]),
     )
     return out
-
-
-def paged_decode_ref(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """PyTorch reference: q [B, H, D], one query per sequence attending to all of its seq_lens[b] keys.
-    Computed in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
-    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    group = q.shape[1] // num_kv_heads
-    out = torch.zeros_like(q)
-    for b, n in enumerate(seq_lens.tolist()):
-        if n <= 0:
-            continue
-        blocks = block_tables[b, : -(-n // block_size)].long()
-        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
-        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
-        out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
-    return out

@@ -278,7 +278,7 @@ def paged_prefill_attention(
     max_query_len: a host-side upper bound of the chunk lengths (sizes the grid). skip_decode: leave the rows
     of sequences with one query token untouched (the decode kernel does them). Returns `out` (allocated like q
     if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
-    override `default_prefill_config` (the tile sweep, `python -m heron.kernels.bench --prefill-only --sweep`).
+    override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -336,31 +336,4 @@ def paged_prefill_attention(
         maxnreg=maxnreg or cfg["maxnreg"],
         **pdl_options(q.device, q.shape[0]),
     )
-    return out
-
-
-def paged_prefill_ref(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """PyTorch reference in float32 (returns q's dtype): per sequence, causal attention of its q_len new
-    queries, at positions seq_len - q_len .. seq_len - 1, over its keys. Reads lengths on the host: tests only."""
-    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    group = q.shape[1] // num_kv_heads
-    out = torch.zeros_like(q)
-    starts = query_start_loc.tolist()
-    for b, n in enumerate(seq_lens.tolist()):
-        a, e = starts[b], starts[b + 1]
-        if e == a:
-            continue
-        blocks = block_tables[b, : -(-n // block_size)].long()
-        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
-        s = torch.einsum("thd,nhd->htn", q[a:e].float(), k) * scale
-        pos = torch.arange(n - (e - a), n, device=q.device)
-        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
-        out[a:e] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
     return out

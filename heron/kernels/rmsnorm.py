@@ -4,8 +4,8 @@ One program normalises ROWS rows (one row for hidden sizes >= 1024, up to 16 for
 registers (hidden sizes up to 8192). The grid is (ceil(rows / ROWS),), fixed by the tensor shape, with no host
 sync, so it can be captured in a CUDA graph.
 
-Rounding follows the model's PyTorch code exactly (`heron.models.layers.rms_norm_torch`, the reference, which
-is what runs on CPU): x + residual is summed in float32 and rounded to x's dtype (that rounded value is both the
+Rounding follows the model's PyTorch code exactly (`heron.kernels.reference.rms_norm_ref`, which is what
+runs on CPU): x + residual is summed in float32 and rounded to x's dtype (that rounded value is both the
 new residual and what is normalised); the normalised row is computed in float32, rounded to x's dtype, then
 multiplied by the weight in float32 and rounded once to the output dtype (`weight * h.to(dtype)`, the type
 promotion of weight and x).
@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import interpreting, pdl_enter, pdl_options
-from heron.models.layers import rms_norm_torch as rms_norm_ref  # noqa: F401  (the reference, re-exported)
 
 MAX_HIDDEN = 8192
 

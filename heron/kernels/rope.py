@@ -11,7 +11,7 @@ grid (T, blocks of q + blocks of k) depends only on shapes, so it can be capture
 (block * block_size + offset; -1, or a row past slot_mapping, is a padded row and writes nothing) instead of
 into new tensors: the K/V write is then no kernel of its own (at batch 1 one launch and its gap per layer).
 
-Rounding follows the model's PyTorch code (`heron.models.layers.rope_torch`, the reference, which runs on CPU):
+Rounding follows the model's PyTorch code (`heron.kernels.reference.apply_rope_ref`, which runs on CPU):
 the norm rounds as RMSNorm does (normalised head rounded to q's dtype, times the weight in float32, rounded to
 the promoted dtype); the rotation is computed in float32 and rounded once at the end.
 """
@@ -24,7 +24,6 @@ import triton.language as tl
 
 from heron.kernels.common import check_cache, pdl_enter, pdl_options
 from heron.kernels.rmsnorm import fix_bf16, round_to
-from heron.models.layers import rope_torch as apply_rope_ref  # noqa: F401  (the reference, re-exported)
 
 
 @triton.jit

@@ -1,13 +1,19 @@
-"""The shape of a decoder-only transformer, read once from a Hugging Face `config.json` dict."""
+"""The shape of a decoder-only transformer, read once from a Hugging Face `config.json` dict. What the shared
+blocks cannot compute is refused here, by name, before any weight is read."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
+# config.json's model_type -> architecture, for a config without `architectures`
 _BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
@@ -26,7 +32,7 @@ class TransformerConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None  # {"rope_type": "linear" | "llama3", ...}; None for plain RoPE
-    max_position_embeddings: int
+    max_position_embeddings: int  # the longest sequence: config.json's, or its sliding window where shorter
     tie_word_embeddings: bool
     attention_bias: bool  # bias on the q/k/v projections (Qwen2)
     qk_norm: bool  # RMSNorm on each head of q and k before RoPE (Qwen3)
@@ -49,9 +55,8 @@ class TransformerConfig:
         arch = (
             hf.get("architectures") or [_BY_MODEL_TYPE.get(hf.get("model_type"), f"model_type={hf.get('model_type')}")]
         )[0]
-        if arch.startswith("Mistral") and hf.get("sliding_window") not in (None, 0):
-            if hf["sliding_window"] < hf.get("max_position_embeddings", 0):
-                raise ValueError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported.")
+        if (act := hf.get("hidden_act", "silu")) != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (the MLP is SwiGLU: silu).")
         heads = hf["num_attention_heads"]
         # transformers 5 gathers RoPE settings in `rope_parameters`; earlier versions use
         # `rope_theta` and `rope_scaling`.
@@ -60,6 +65,21 @@ class TransformerConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "linear", "llama3"):
             raise ValueError(f"rope_type {rope_type!r} is not supported (supported: default, linear, llama3).")
+        if (partial := rope.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
+            raise ValueError(f"partial rotary embeddings (partial_rotary_factor={partial}) are not supported.")
+        max_positions = hf.get("max_position_embeddings", 4096)
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+        if window and window < max_positions:
+            # Heron attends over the whole sequence: the same as a window of `window` tokens up to that length.
+            logger.warning(
+                "%s has sliding-window attention (sliding_window=%d) and Heron does not: its context is capped "
+                "at %d tokens (max_position_embeddings %d), where both attend alike.",
+                arch,
+                window,
+                window,
+                max_positions,
+            )
+            max_positions = window
         eos = hf.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -74,7 +94,7 @@ class TransformerConfig:
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             attention_bias=hf.get("attention_bias", arch.startswith("Qwen2")),
             qk_norm=arch.startswith("Qwen3"),

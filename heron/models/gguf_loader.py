@@ -21,7 +21,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from heron.models.loader import ModelSource
+from heron.config import ModelSource
+from heron.layers.rotary import rope_inv_freq
 
 # GGUF `general.architecture` -> (Hugging Face architecture, model_type)
 ARCHITECTURES = {
@@ -265,8 +266,6 @@ def _llama3_rope_scaling(path: str, divisors: torch.Tensor, head_dim: int, theta
     1/divisor = (1 - s)/factor + s. Only the two wavelength thresholds matter, so with low_freq_factor
     fixed at 1 a straight line through the blended points gives the rest. The result is checked by
     recomputing the divisors with the engine's own RoPE code."""
-    from heron.models.layers import rope_inv_freq
-
     if divisors.numel() != head_dim // 2:
         raise ValueError(
             f"GGUF file {path}: rope_freqs.weight has {divisors.numel()} entries, expected {head_dim // 2}."

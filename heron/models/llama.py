@@ -1,11 +1,13 @@
-"""Llama (2, 3, 3.1, SmolLM2, Mistral without sliding window): pre-norm decoder blocks of grouped-query
-attention with RoPE and a SwiGLU MLP. Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm) differ only
-in the switches of `TransformerConfig` and reuse these modules.
+"""Llama (2, 3, 3.1, SmolLM2, Mistral): pre-norm decoder blocks of grouped-query attention with RoPE and a SwiGLU
+MLP. Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm) and Phi-3 differ only in switches of `TransformerConfig`
+or in their checkpoints' layout, and reuse this file.
 
-q/k/v and gate/up are each one fused projection; `load_weights` stacks the checkpoint's separate
-matrices into them. Under tensor parallelism (heron/models/parallel_linear.py) each rank builds the same
-modules with its share of the heads, of the MLP columns and of the vocabulary, and loads its slices
-of the full checkpoint tensors.
+The kernels are the layers' business (heron/layers): each pre-norm RMSNorm is built with the projection it feeds
+(`NormLinear`: at decode sizes on a GPU one kernel does the residual add, the norm and the projection), the down
+projection takes SwiGLU's activation in, and the rotary embedding writes this step's K and V into the paged cache.
+q/k/v and gate/up are each one fused projection; `load_weights` stacks a checkpoint's separate matrices into them.
+Under tensor parallelism each rank builds the same modules with its share of the heads, of the MLP columns and of
+the vocabulary, and loads its slices of the full checkpoint tensors.
 """
 
 from __future__ import annotations
@@ -15,20 +17,16 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from heron.attention import AttentionBackend, AttentionMetadata
 from heron.distributed import get_tp_world_size
-from heron.executor.attention import AttentionBackend, AttentionMetadata
+from heron.layers.layernorm import NormLinear, RMSNorm
+from heron.layers.linear import ColumnParallelLinear, RowParallelLinear, default_weight_loader
+from heron.layers.rotary import RotaryEmbedding
+from heron.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from heron.models.config import TransformerConfig
-from heron.models.layers import RMSNorm, RotaryEmbedding, norm_linear
-from heron.models.parallel_linear import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    default_weight_loader,
-)
 
 
-class Attention(nn.Module):
+class LlamaAttention(nn.Module):
     def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.heads_per_rank(get_tp_world_size())  # this rank's heads
@@ -37,53 +35,54 @@ class Attention(nn.Module):
         q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_full, kv_full, kv_full], bias=cfg.attention_bias)
         self.o_proj = RowParallelLinear(q_full, cfg.hidden_size, bias=False)
-        # Qwen3: RMSNorm over each head of q and k before RoPE (applied by self.rope, fused on a GPU)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rope = rope
+        self.rotary_emb = rope
         self.backend = backend
-        self.kv_cache: torch.Tensor | None = None  # bound by the model runner once allocated
+        self.kv_cache: torch.Tensor | None = None  # this layer's [2, blocks, block_size, Hkv, D], bound by the runner
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """qkv: qkv_proj's output (the decoder layer runs the projection, fused with the norm before it)."""
+        """qkv: qkv_proj's output (run by the decoder layer's input norm, which is built with it)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        # (q/k norm, then) RoPE; this step's k and v go into the paged cache
-        q = self.rope.rotate_and_cache(positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm)
+        # (q/k norm,) rotary: one kernel on a GPU, which also writes this step's k and v into the paged cache
+        q = self.rotary_emb.rotate_and_cache(
+            positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm
+        )
         o = self.backend.forward(q, self.kv_cache, meta)
         return self.o_proj(o.flatten(1))
 
 
-class MLP(nn.Module):
+class LlamaMLP(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, swiglu=True)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: gate_up_proj's output (run by the decoder layer, fused with the norm before it)."""
-        return self.down_proj(gate_up, swiglu=True)
+        """gate_up: gate_up_proj's output (run by the post-attention norm); down_proj(silu(gate) * up)."""
+        return self.down_proj(gate_up)
 
 
-class DecoderLayer(nn.Module):
+class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope, backend)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        attn, mlp = LlamaAttention(cfg, rope, backend), LlamaMLP(cfg)
+        # each norm runs with the projection it feeds: one kernel at decode sizes
+        self.input_layernorm = NormLinear(cfg.hidden_size, cfg.rms_norm_eps, attn.qkv_proj)
+        self.self_attn = attn
+        self.post_attention_layernorm = NormLinear(cfg.hidden_size, cfg.rms_norm_eps, mlp.gate_up_proj)
+        self.mlp = mlp
 
-    def forward(self, positions, x, residual, meta):
-        # Each norm (with the residual add) and the projection after it are one kernel at decode sizes.
-        attn, mlp = self.self_attn, self.mlp
-        qkv, residual = norm_linear(self.input_layernorm, x, residual, attn.qkv_proj.weight, attn.qkv_proj.bias)
-        x = attn(positions, qkv, meta)
-        gate_up, residual = norm_linear(
-            self.post_attention_layernorm, x, residual, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
-        )
-        return mlp(gate_up), residual
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, qkv, meta)
+        gate_up, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -101,7 +100,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, backend) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rope, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.materialize()
@@ -124,9 +123,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.float_logits(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Hand each checkpoint tensor (Hugging Face name, full shape) to its parameter's loader, which
-        copies this rank's slice (into its part of a fused parameter); every parameter (every part of a
-        fused one) must be covered."""
+        """Hand each checkpoint tensor (Hugging Face name, full shape) to its parameter's loader, which copies this
+        rank's slice (into its part of a fused parameter, or into every part for a tensor stored fused); every
+        parameter (every part of a fused one) must be covered."""
         params = dict(self.named_parameters())
         expected = {(n, s) for n in params for s in self._shard_ids(n)}
         if self.cfg.tie_word_embeddings:
@@ -148,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
                 loader(params[target], tensor, shard)
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r} {e}") from None
-            loaded.add((target, shard))
+            loaded.update([(target, shard)] if shard is not None else ((target, s) for s in self._shard_ids(target)))
         if missing := expected - loaded:
             raise ValueError(f"checkpoint is missing tensors for: {sorted(n for n, _ in missing)[:5]}")
 

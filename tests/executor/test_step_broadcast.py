@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from heron.attention import AttentionMetadata
 from heron.engine.scheduler import ScheduledBatch
 from heron.executor import step_broadcast
-from heron.executor.attention import AttentionMetadata
 from heron.executor.input_buffers import InputBuffers
 from heron.executor.step_broadcast import Pipes, StepSender, serve_steps
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from heron.executor.attention.backend import AttentionMetadata
+from heron.attention.backend import AttentionMetadata
 
 
 def pick_device() -> torch.device:

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
 
-from heron.kernels.activation import (
-    _silu_and_mul_kernel,
-    silu_and_mul,
-    silu_and_mul_ref,
-)
-from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm, rms_norm_ref
-from heron.kernels.rope import apply_rope, apply_rope_and_cache, apply_rope_ref
-from heron.models.layers import write_kv_torch
+from heron.kernels.activation import _silu_and_mul_kernel, silu_and_mul
+from heron.kernels.reference import apply_rope_ref, rms_norm_ref, silu_and_mul_ref, write_kv_ref
+from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+from heron.kernels.rope import apply_rope, apply_rope_and_cache
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
@@ -114,7 +111,7 @@ def _qkv_views(tokens, num_heads, num_kv_heads, head_dim, gen, dtype):
 
 
 def _cos_sin(max_pos: int, head_dim: int) -> torch.Tensor:
-    from heron.models.layers import RotaryEmbedding
+    from heron.layers.rotary import RotaryEmbedding
 
     return RotaryEmbedding(head_dim, max_pos, 1e6, None).cos_sin.to(DEVICE)
 
@@ -163,7 +160,7 @@ def test_apply_rope_and_cache(dtype, qk_norm, tokens, num_heads, num_kv_heads, h
     slots = slots.to(DEVICE)
     want_cache = cache.clone()
     q_ref, k_ref = apply_rope_ref(q, k, positions, cos_sin, *norm)
-    write_kv_torch(k_ref, v, want_cache, slots)
+    write_kv_ref(k_ref, v, want_cache, slots)
     q_out = apply_rope_and_cache(q, k, v, positions, cos_sin, cache, slots, *norm, q_out=_poison(q.shape, dtype))
     _check(q_out, q_ref, "q")
     _check(cache, want_cache, "cache")
@@ -231,11 +228,12 @@ def test_production_shapes(tokens):
 
 @gpu_only
 def test_modules_dispatch_to_the_kernels_on_cuda():
-    """The layers' modules on CUDA (Triton) against the same modules on CPU (PyTorch)."""
-    from heron.models import layers
+    """The layers' modules on CUDA (Triton) against the same modules on CPU (PyTorch), moved there after being
+    built: each picks its kernels when it is moved."""
+    from heron.layers import layernorm, linear, rotary
 
     gen, dtype, tokens = _gen(11), torch.bfloat16, 19
-    norm = layers.RMSNorm(1024, EPS)
+    norm = layernorm.RMSNorm(1024, EPS)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.5 * torch.randn(1024, generator=gen))
     norm = norm.to(dtype)
@@ -244,8 +242,8 @@ def test_modules_dispatch_to_the_kernels_on_cuda():
     gpu = norm.to(DEVICE)(x.to(DEVICE), r.to(DEVICE))
     assert torch.equal(gpu[1].cpu(), cpu[1])
     _check(gpu[0].cpu(), cpu[0], "RMSNorm module")
-    rope = layers.RotaryEmbedding(128, 4096, 1e6, None)
-    qn, kn = layers.RMSNorm(128, EPS).to(dtype), layers.RMSNorm(128, EPS).to(dtype)
+    rope = rotary.RotaryEmbedding(128, 4096, 1e6, None)
+    qn, kn = layernorm.RMSNorm(128, EPS).to(dtype), layernorm.RMSNorm(128, EPS).to(dtype)
     q, k = torch.randn(tokens, 16, 128, generator=gen).to(dtype), torch.randn(tokens, 8, 128, generator=gen).to(dtype)
     pos = torch.randint(0, 4096, (tokens,), generator=gen)
     cpu = rope(pos, q, k, qn, kn)
@@ -253,8 +251,14 @@ def test_modules_dispatch_to_the_kernels_on_cuda():
     gpu = rope(pos.to(DEVICE), q.to(DEVICE), k.to(DEVICE), qn, kn)
     _check(gpu[0].cpu(), cpu[0], "rope q")
     _check(gpu[1].cpu(), cpu[1], "rope k")
+    down = linear.RowParallelLinear(3072, 256, bias=False, swiglu=True)  # 19 rows: silu_and_mul, then cuBLAS
+    with torch.no_grad():
+        down.weight.normal_(0, 3072**-0.5, generator=gen)
+    down = down.to(dtype)
     x = torch.randn(tokens, 2 * 3072, generator=gen).to(dtype)
-    _check(layers.silu_and_mul(x.to(DEVICE)).cpu(), layers.silu_and_mul(x), "silu_and_mul")
+    want = F.linear(silu_and_mul_ref(x).float(), down.weight.float())  # the activation rounded as the kernel does
+    for got in (down(x), down.to(DEVICE)(x.to(DEVICE)).cpu()):  # (a matmul: float32 sums in another order)
+        assert got.dtype == dtype and rel_err(got, want) < TOL[dtype][0], "down projection with SwiGLU"
 
 
 @gpu_only

@@ -19,7 +19,7 @@ from heron.kernels.gemv import (
     pick_config,
     use_gemv,
 )
-from heron.models.layers import rms_norm_torch, silu_and_mul_torch
+from heron.kernels.reference import rms_norm_ref, silu_and_mul_ref
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
@@ -125,7 +125,7 @@ def test_silu_mul_prologue(dtype, m, cfg):
     gen = torch.Generator().manual_seed(m)
     gate_up = torch.randn(m, 2 * 200, generator=gen).to(DEVICE, dtype)
     w = (torch.randn(100, 200, generator=gen) / 200**0.5).to(DEVICE, dtype)
-    act = silu_and_mul_torch(gate_up)  # rounded to dtype, as the prologue rounds it
+    act = silu_and_mul_ref(gate_up)  # rounded to dtype, as the prologue rounds it
     _check(gemv_silu_mul(gate_up, w, config=cfg), act, w, None, f"silu_mul {cfg}")
 
 
@@ -151,7 +151,7 @@ def test_rms_norm_prologue(dtype, m, cfg, with_residual):
     w = (torch.randn(100, 200, generator=gen) / 200**0.5).to(DEVICE, dtype)
     b = torch.randn(100, generator=gen).to(DEVICE, dtype)
     y, new_residual = gemv_rms_norm(x, residual, norm_w, 1e-6, w, b, config=cfg)
-    ref = rms_norm_torch(x, norm_w, 1e-6, residual)
+    ref = rms_norm_ref(x, norm_w, 1e-6, residual)
     normed, ref_residual = ref if with_residual else (ref, x)
     assert torch.equal(new_residual, ref_residual)
     _check(y, normed, w, b, f"rms_norm {cfg} residual={with_residual}")
@@ -172,7 +172,7 @@ def test_model_shapes_default_configs(m):
 
 @gpu_only
 def test_linear_dispatch():
-    from heron.models.layers import linear
+    from heron.kernels.gemm.linear import linear
 
     x, w, b = _inputs(8, 1024, 2048, torch.bfloat16, seed=5)
     _check(linear(x, w, b), x, w, b, "linear -> gemv")

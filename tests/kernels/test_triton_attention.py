@@ -9,17 +9,16 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from heron.executor.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
+from heron.attention.torch_ref import TorchAttentionBackend, paged_attention_ref  # noqa: E402
 from heron.kernels.paged_decode import (
     _paged_decode_kernel,
     default_block_n,
     longest_first,  # noqa: E402
     make_decode_workspace,
     paged_decode_attention,
-    paged_decode_ref,
 )
-from heron.kernels.paged_prefill import paged_prefill_attention, paged_prefill_ref  # noqa: E402
-from heron.models.layers import write_kv_torch  # noqa: E402
+from heron.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
+from heron.kernels.reference import paged_decode_ref, paged_prefill_ref, write_kv_ref  # noqa: E402
 from tests.kernels.kernel_utils import assert_close, make_batch, make_cache, pick_device, skip_unless_runnable  # noqa: E402
 
 DEVICE = pick_device()
@@ -276,7 +275,7 @@ def test_paged_prefill_padded_group_tiles(tiles):
 
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_triton_backend_matches_torch_backend(kind):
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(6)
     num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
@@ -293,7 +292,7 @@ def test_triton_backend_matches_torch_backend(kind):
     tri.num_partitions = 2 if not ON_GPU else None
     tri.reserve(len(seq_lens), DEVICE)
     assert tri.plan(meta) == kind
-    write_kv_torch(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
+    write_kv_ref(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q.float(), cache.float(), meta)
     tri.prepare(meta)
     got = tri.forward(q, cache, meta)
@@ -303,7 +302,7 @@ def test_triton_backend_matches_torch_backend(kind):
 def test_triton_backend_orders_a_decode_step_once(monkeypatch):
     """Every layer of a decode step launches its programs longest first, from one sort per step; mixed steps
     (rows found through query_start_loc) keep grid order."""
-    from heron.executor.attention import triton_backend
+    from heron.attention import triton_backend
     from heron.kernels import paged_decode
 
     sorts, orders = [], []
@@ -413,9 +412,9 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
     lengths, tables and inputs in place and replay: the result must follow the new values (nothing host-side
     baked in), including a padded (seq_len 0, slot -1) row. Batch 96 (one partition) launches longest first:
     the sort is replayed with the graph."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
     from heron.kernels.rope import apply_rope_and_cache
-    from heron.models.layers import RotaryEmbedding
+    from heron.layers.rotary import RotaryEmbedding
 
     gen = _gen(9)
     num_heads, num_kv_heads, head_dim, block_size = 32, 8, 128, 16
@@ -464,7 +463,7 @@ def test_decode_step_replays_in_a_cuda_graph(batch):
         graph.replay()
         torch.cuda.synchronize()
         want_cache = before
-        write_kv_torch(k, v, want_cache, meta.slot_mapping)
+        write_kv_ref(k, v, want_cache, meta.slot_mapping)
         assert torch.equal(cache, want_cache)
         ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, head_dim**-0.5)
         assert_close(out, ref, torch.bfloat16, f"replay {step}")
@@ -480,7 +479,7 @@ def _pad_to_graph(meta, tokens: int) -> None:
 
 def test_triton_backend_plans_graph_steps():
     """A captured prefill graph replays any mix of rows: always both kernels. Decode graphs stay decode."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(10)
     prefill = make_batch([20, 9], [20, 3], 16, DEVICE, gen)
@@ -496,7 +495,7 @@ def test_triton_backend_plans_graph_steps():
 def test_triton_backend_runs_a_padded_graph_batch(kind):
     """A step padded to a prefill graph's (tokens, sequences): the real rows as the torch backend gives them,
     padded sequences skipped by both kernels, and the rows past the step's tokens zeros (not garbage)."""
-    from heron.executor.attention.triton_backend import TritonAttentionBackend
+    from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(11)
     num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
@@ -508,7 +507,7 @@ def test_triton_backend_runs_a_padded_graph_batch(kind):
     q = torch.randn(tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype)
     k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
     v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
-    write_kv_torch(k, v, cache, meta.slot_mapping)
+    write_kv_ref(k, v, cache, meta.slot_mapping)
     scale = head_dim**-0.5
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q[:n].float(), cache.float(), meta)
     _pad_to_graph(meta, tokens)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from heron.layers.rotary import RotaryEmbedding, rope_inv_freq
 from heron.models.config import TransformerConfig
 from heron.models.gguf_loader import load_gguf
-from heron.models.layers import RotaryEmbedding, rope_inv_freq
 from heron.models.loader import embedded_model_path
 from heron.models.registry import get_model_cls
 

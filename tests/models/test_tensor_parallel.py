@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from heron.attention import AttentionMetadata
+from heron.attention.torch_ref import TorchAttentionBackend
 from heron.distributed import destroy_distributed, get_tp_world_size, init_distributed, parallel_state
-from heron.executor.attention import AttentionMetadata
-from heron.executor.attention.torch_ref import TorchAttentionBackend
 from heron.models.config import TransformerConfig
 from heron.models.registry import get_model_cls
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from heron.executor.attention.flashinfer_backend import SCRATCH_BLOCK, page_table
-from heron.executor.attention.torch_ref import TorchAttentionBackend
-from heron.models.layers import write_kv_torch
+from heron.attention.flashinfer_backend import SCRATCH_BLOCK, page_table
+from heron.attention.torch_ref import TorchAttentionBackend
+from heron.kernels.reference import write_kv_ref
 from tests.kernels.kernel_utils import assert_close, make_batch, make_cache
 
 needs_flashinfer = pytest.mark.skipif(
@@ -66,7 +66,7 @@ def test_page_table_of_all_padded_and_empty_batches():
 
 
 def _backend(num_heads, num_kv_heads, head_dim, max_seqs, meta, block_size=16):
-    from heron.executor.attention.flashinfer_backend import FlashInferAttentionBackend
+    from heron.attention.flashinfer_backend import FlashInferAttentionBackend
 
     fi = FlashInferAttentionBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
     fi.reserve(
@@ -100,7 +100,7 @@ def test_matches_torch_backend(kind, num_heads, num_kv_heads, head_dim):
     meta = make_batch(seq_lens, q_lens, 16, CUDA, gen)
     cache = make_cache(meta.num_blocks, 16, num_kv_heads, head_dim, torch.bfloat16, CUDA, gen)
     q, k, v = _inputs(meta.num_tokens, num_heads, num_kv_heads, head_dim, gen)
-    write_kv_torch(k, v, cache, meta.slot_mapping)
+    write_kv_ref(k, v, cache, meta.slot_mapping)
     want = _reference(q, cache, meta)
     fi = _backend(num_heads, num_kv_heads, head_dim, len(seq_lens), meta)
     fi.prepare(meta)
@@ -184,7 +184,7 @@ def test_padded_decode_replays_in_a_cuda_graph(num_heads, num_kv_heads):
         for x in (q, k, v):
             x.copy_(torch.randn(x.shape, generator=gen))
         n = len(lens)
-        write_kv_torch(k[:n], v[:n], cache, real.slot_mapping)
+        write_kv_ref(k[:n], v[:n], cache, real.slot_mapping)
         want = _reference(q[:n], cache, real)
         fi.prepare(step)
         graph.replay()

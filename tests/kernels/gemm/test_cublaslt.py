@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heron.models import cublaslt
+from heron.kernels.gemm import cublaslt
 
 
 def test_table_key_names_the_problem_and_its_types():

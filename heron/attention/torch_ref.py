@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata
 
 
 def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:

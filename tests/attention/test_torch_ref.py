@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from heron.executor.attention.torch_ref import paged_attention_batched, paged_attention_ref
+from heron.attention.torch_ref import paged_attention_batched, paged_attention_ref
 from tests.kernels.kernel_utils import make_batch, make_cache, rel_err
 
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from heron.distributed import destroy_distributed, init_distributed, parallel_state
-from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
+from heron.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
 def test_at_world_size_1_each_layer_is_the_plain_op_in_the_full_shape():
@@ -53,6 +54,28 @@ def test_float_logits_are_the_heads_logits_in_float32(device, rows):
     assert out[rows:].isnan().all()
 
 
+def test_a_checkpoint_tensor_stored_fused_loads_into_every_part():
+    torch.manual_seed(0)
+    col = ColumnParallelLinear(16, [8, 4, 4], bias=True)
+    w, b = torch.randn(16, 16), torch.randn(16)
+    col.weight_loader(col.weight, w)  # shard None: the whole [q | k | v], as Phi-3's checkpoints hold it
+    col.weight_loader(col.bias, b)
+    assert torch.equal(col.weight, w) and torch.equal(col.bias, b)
+    with pytest.raises(ValueError, match=r"has shape \(15, 16\), expected \(16, 16\)"):
+        col.weight_loader(col.weight, torch.zeros(15, 16))
+
+
+def test_the_down_projection_takes_swiglu_as_its_prologue():
+    torch.manual_seed(0)
+    down = RowParallelLinear(8, 4, bias=True, swiglu=True)
+    w, b = torch.randn(4, 8), torch.randn(4)
+    down.weight_loader(down.weight, w)
+    down.weight_loader(down.bias, b)
+    gate_up = torch.randn(3, 16)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(down(gate_up), F.linear(F.silu(gate) * up, w, b))
+
+
 def test_a_checkpoint_tensor_of_the_wrong_shape_is_named_in_the_error():
     col = ColumnParallelLinear(16, [8, 4], bias=False)
     with pytest.raises(ValueError, match=r"has shape \(4, 15\), expected \(4, 16\)"):
@@ -80,6 +103,19 @@ def _layers(rank: int, world_size: int, init_method: str) -> None:
         q, k, v = qkv(x).split([4, 2, 2], dim=-1)
         for mine, full in ((q, F.linear(x, wq, bq)), (k, F.linear(x, wk, bk)), (v, F.linear(x, wv, bv))):
             torch.testing.assert_close(mine, full.chunk(world_size, dim=-1)[rank])
+        fused = ColumnParallelLinear(16, [8, 4, 4], bias=True)  # the same matrices stored fused (Phi-3)
+        fused.weight_loader(fused.weight, torch.cat([wq, wk, wv]))
+        fused.weight_loader(fused.bias, torch.cat([bq, bk, bv]))
+        assert torch.equal(fused.weight, qkv.weight) and torch.equal(fused.bias, qkv.bias)
+        # the gate/up pattern: the down projection takes this rank's [gate | up] and applies SwiGLU first
+        wg, wu, wd = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 8)
+        gate_up = ColumnParallelLinear(16, [8, 8], bias=False)
+        gate_up.weight_loader(gate_up.weight, wg, 0)
+        gate_up.weight_loader(gate_up.weight, wu, 1)
+        down = RowParallelLinear(8, 16, bias=False, swiglu=True)
+        down.weight_loader(down.weight, wd)
+        want = F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+        torch.testing.assert_close(down(gate_up(x)), want)
         o = RowParallelLinear(8, 16, bias=True)
         o.weight_loader(o.weight, wo)
         o.weight_loader(o.bias, bo)

@@ -1,113 +1,37 @@
-"""Which BLAS kernel runs a projection's matmul on CUDA: cuBLAS's, cuBLASLt's first pick, or another of
-cuBLASLt's candidates (heron/models/cublaslt.py), whichever ran it fastest here.
+"""The start-up tuner: which BLAS kernel runs each projection's matmul on CUDA past the GEMV's rows, timed on
+the model's own weights.
 
 PyTorch sends every matmul of a process to one library (cuBLAS unless told otherwise), and neither is the
 faster at every shape: on an H200 cuBLASLt ran Qwen3-8B's projections from 6% slower to 14% faster than
 cuBLAS at 32-256 rows (docs/perf_notes.md run 17), and another of cuBLASLt's heuristic candidates beat both
-by up to 10% on the projections and 16% on the LM head at some row counts (run 26). `tune` times them on the
-model's own weights at the row counts the engine runs (its CUDA graphs' sizes and its step budget) and writes a
-`Plan` on each weight; `linear` and `mm_float32` (the LM head's float32 logits) run the choice. A row count
-between two tuned ones takes the library chosen at the next one up, the size a captured step of that many rows
-runs padded to; a cuBLASLt candidate belongs to its exact problem, so it runs only at the row count it was
-timed at (that of every captured decode graph). Where PyTorch's cuBLASLt is chosen, the library is switched
-for that one call and the process's own preference restored after it, so a user's own matmuls in the same
-process are left as they were.
+by up to 10% on the projections and 16% on the LM head at some row counts (run 26). `tune` times them at the
+row counts the engine runs (its CUDA graphs' sizes and its step budget) and records a `Plan` per weight in the
+model runner's `MatmulPlans`; blas.py's `blas_linear` and `mm_float32` (the LM head's float32 logits) run the
+choice. The search for configurations beyond the heuristic's (benchmarks/cublaslt_probe.py) feeds the per-GPU
+table cublaslt_table.json, whose entry joins a problem's candidates here.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from heron.models.cublaslt import Candidate, CublasLt
+from heron.kernels.gemm import cublaslt
+from heron.kernels.gemm.blas import linear_lt
+from heron.kernels.gemm.cublaslt import Candidate, CublasLt
+from heron.kernels.gemm.plans import MatmulPlans, Plan
 
-PLAN_ATTR = "heron_blas"  # on a weight: its Plan for products in the weight's dtype (`linear`)
-F32_PLAN_ATTR = "heron_blas_f32"  # on an LM head's weight: its Plan for float32 products (`mm_float32`)
 ROTATE_BYTES = 256 << 20  # the weight copies a call is timed over in turn: several times the L2 cache (60 MB)
 ROUNDS = 3
 CANDIDATE_MARGIN = 0.99  # a candidate must beat both libraries by 1%: not a timing tie
 MAX_REL_ERR = 2e-2  # a candidate's product against the library's, relative to its largest entry
 Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Timer = Callable[[list[Call], list[torch.Tensor], torch.Tensor], list[float]]
-_cublaslt: dict[int, CublasLt] = {}  # per device index, made by `tune`
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A weight's choices at the tuned row counts (ascending)."""
-
-    rows: tuple[int, ...]
-    lt: tuple[bool, ...]  # PyTorch's cuBLASLt beat cuBLAS (what row counts up to rows[i] take)
-    exact: tuple[Candidate | None, ...]  # a cuBLASLt candidate that beat both at exactly rows[i]
-
-    def wants_lt(self, rows: int) -> bool:
-        i = bisect.bisect_left(self.rows, rows)
-        return i < len(self.rows) and self.lt[i]
-
-    def candidate(self, rows: int) -> Candidate | None:
-        i = bisect.bisect_left(self.rows, rows)
-        return self.exact[i] if i < len(self.rows) and self.rows[i] == rows else None
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear by the kernel `tune` chose for this weight at this many rows (F.linear for an untuned one)."""
-    plan: Plan | None = getattr(weight, PLAN_ATTR, None)
-    if plan is not None:
-        rows = x.numel() // x.shape[-1]
-        cand = plan.candidate(rows)
-        if cand is not None and bias is None:
-            out = _run(cand, x, weight, x.dtype)
-            if out is not None:
-                return out
-        if plan.wants_lt(rows):
-            return linear_lt(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-def mm_float32(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 x [m, k] @ weight [n, k].T from 16-bit operands, written into `out` if given: the tuned cuBLASLt
-    candidate at its row count, else PyTorch's matmul with a float32 output."""
-    plan: Plan | None = getattr(weight, F32_PLAN_ATTR, None)
-    cand = plan.candidate(x.shape[0]) if plan is not None else None
-    if cand is not None:
-        y = _run(cand, x, weight, torch.float32, out)
-        if y is not None:
-            return y
-    return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
-
-
-def linear_lt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear through cuBLASLt; the process's preferred library is restored after the call."""
-    before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    try:
-        return F.linear(x, weight, bias)
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
-
-
-def _run(
-    cand: Candidate, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None
-) -> torch.Tensor | None:
-    """x @ weight.T by `cand` into `out` (allocated once the operands are checked, if None), or None (not run)
-    where the matrices are not laid out as it was found for."""
-    lt = _cublaslt.get(x.device.index)
-    x2 = x.reshape(-1, x.shape[-1])
-    if lt is None or not lt.fits(x2, weight) or (out is not None and not lt.fits(out)):
-        return None
-    if out is None:
-        out = x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
-        if not lt.fits(out):  # a fresh block is 512-byte aligned: kept for the contract's sake
-            return None
-    lt.matmul(x2, weight, out.view(-1, out.shape[-1]), cand)
-    return out
 
 
 def time_on_gpu(calls: list[Call], weights: list[torch.Tensor], x: torch.Tensor, rounds: int = ROUNDS) -> list[float]:
@@ -177,14 +101,15 @@ def _copies(ws: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def tune(
+    plans: MatmulPlans,
     weights: Iterable[torch.Tensor],
     rows: list[int],
     timer: Timer = time_on_gpu,
     float32_out: Iterable[torch.Tensor] = (),
 ) -> dict:
     """Times every kernel for every distinct (shape, dtype) among `weights` (2-D, on CUDA) at each row count and
-    writes the `Plan` on every weight of that shape: cuBLAS and PyTorch's cuBLASLt for products in the weight's
-    dtype, and for `float32_out` (an LM head whose logits are float32) PyTorch's float32-output matmul; each
+    records the `Plan` of every weight of that shape in `plans`: cuBLAS and PyTorch's cuBLASLt for products in the
+    weight's dtype, and for `float32_out` (an LM head whose logits are float32) PyTorch's float32-output matmul; each
     against cuBLASLt's other candidates where the device has cuBLASLt. Returns {(rows, N, K, out dtype):
     (seconds cuBLAS, seconds chosen, what was chosen)} summed over the shape's weights, for the log."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
@@ -196,7 +121,7 @@ def tune(
     found = {}
     with torch.inference_mode():
         for ((n, k), dtype, to_float32), ws in groups.items():
-            lt = _lt_for(ws[0].device)
+            lt = cublaslt.handle(ws[0].device)
             out_dtype = torch.float32 if to_float32 else dtype
             libs: list[Call] = [_mm_float32_torch] if to_float32 else [F.linear, linear_lt]
             lt_wins, exact = [], []
@@ -218,21 +143,8 @@ def tune(
                 found[(m, n, k, out_dtype)] = (t[0] * len(ws) / len(copies), chosen * len(ws) / len(copies), kind)
             plan = Plan(tuple(rows), tuple(lt_wins), tuple(exact))
             for w in ws:
-                setattr(w, F32_PLAN_ATTR if to_float32 else PLAN_ATTR, plan)
+                plans.set(w, plan, float32_out=to_float32)
     return found
-
-
-def _lt_for(device: torch.device) -> CublasLt | None:
-    """The device's cuBLASLt (made once), or None off CUDA or where the library cannot be loaded."""
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _cublaslt:
-        try:
-            _cublaslt[index] = CublasLt(torch.device("cuda", index))
-        except OSError:
-            return None
-    return _cublaslt[index]
 
 
 def summary(found: dict, seconds: float) -> str:
@@ -252,8 +164,10 @@ def summary(found: dict, seconds: float) -> str:
     )
 
 
-def tune_and_summarise(weights: list[torch.Tensor], rows: list[int], float32_out: list[torch.Tensor]) -> str:
-    """`tune`, then `summary`'s line for the log."""
+def tune_and_summarise(
+    plans: MatmulPlans, weights: list[torch.Tensor], rows: list[int], float32_out: list[torch.Tensor]
+) -> str:
+    """`tune` into `plans`, then `summary`'s line for the log."""
     start = time.perf_counter()
-    found = tune(weights, rows, float32_out=float32_out)
+    found = tune(plans, weights, rows, float32_out=float32_out)
     return summary(found, time.perf_counter() - start)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata
 
 
 class TritonAttentionBackend(AttentionBackend):

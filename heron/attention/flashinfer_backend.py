@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata
 
 WORKSPACE_BYTES = 128 << 20  # float workspace (split-KV partials), FlashInfer's recommended size
 INT_WORKSPACE_BYTES = 8 << 20  # the size each wrapper allocates for its schedule
@@ -79,7 +79,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             ) from e
         self._fi = flashinfer
         # Decode on tensor cores (FlashInfer's prefill kernels, one query row) pays once a KV head serves
-        # several query heads; `python -m heron.kernels.bench --vs-flashinfer` times both kinds.
+        # several query heads; `python -m heron.bench.kernels --vs-flashinfer` times both kinds.
         self.use_tensor_cores = num_heads // num_kv_heads >= 4
         self._planned: tuple[AttentionMetadata, Any] | None = None
         self._graph_decode: dict[int, Any] = {}  # batch size -> its CUDA-graph decode wrapper

@@ -1,9 +1,9 @@
 """Attention backends behind one interface; `get_backend` picks one by name."""
 
-from heron.executor.attention.backend import AttentionBackend, AttentionMetadata
-from heron.executor.attention.flashinfer_backend import FlashInferAttentionBackend
-from heron.executor.attention.torch_ref import TorchAttentionBackend
-from heron.executor.attention.triton_backend import TritonAttentionBackend
+from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.flashinfer_backend import FlashInferAttentionBackend
+from heron.attention.torch_ref import TorchAttentionBackend
+from heron.attention.triton_backend import TritonAttentionBackend
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
     "torch": TorchAttentionBackend,
@@ -15,7 +15,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 def get_backend_cls(name: str, device_type: str) -> type[AttentionBackend]:
     """`auto`: our Triton kernels on a GPU, the PyTorch reference on the CPU. FlashInfer is only ever chosen by
     name: it is an optional dependency that JIT-compiles for minutes on first use, and it has not been measured
-    faster than our kernels (`python -m heron.kernels.bench --vs-flashinfer` measures both)."""
+    faster than our kernels (`python -m heron.bench.kernels --vs-flashinfer` measures both)."""
     if name == "auto":
         name = "triton" if device_type == "cuda" else "torch"
     if name not in BACKENDS:

@@ -4,8 +4,9 @@ PyTorch runs cuBLAS's default kernel or cuBLASLt's first heuristic pick, and its
 kernel on CUDA (torch 2.11). cuBLASLt's heuristic lists several candidates for a problem, and at the skinny
 row counts of a decode step another one is often faster than its first pick: on an H200, Qwen3-8B's o
 projection at 200 rows 17.7 -> 16.2 us, down at 192 rows 42.8 -> 39.0, the LM head at 64 rows 352 -> 302
-(docs/perf_notes.md run 26). `heron/models/blas.py` times the candidates and keeps the fastest; this module
-only asks for them and runs one. No compiled extension: the library PyTorch already loaded, called directly.
+(docs/perf_notes.md run 26). `tune.py` times the candidates and keeps the fastest; this module only asks for
+them and runs one (its search over more configurations serves benchmarks/cublaslt_probe.py). No compiled
+extension: the library PyTorch already loaded, called directly.
 
 y = x @ W.T with row-major x [M, K], W [N, K], y [M, N] is, in cuBLAS's column-major terms,
 y^T [N, M] = op_T(W) [N, K] x x^T [K, M]: A = W (K x N, ld K, transposed), B = x (K x M, ld K), C = D = y
@@ -338,3 +339,19 @@ class CublasLt:
             )
         )
         return out
+
+
+_handles: dict[int, CublasLt] = {}  # per device index, made once
+
+
+def handle(device: torch.device) -> CublasLt | None:
+    """The device's cuBLASLt handle (made on first use), or None off CUDA or where the library cannot be loaded."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _handles:
+        try:
+            _handles[index] = CublasLt(torch.device("cuda", index))
+        except OSError:
+            return None
+    return _handles[index]

@@ -1,0 +1,58 @@
+"""The matmul door's entry points on CUDA; the layers bind them, with the `MatmulPlans` registry they were built
+with, when they are built on (or moved to) a GPU, and F.linear with the PyTorch references elsewhere.
+
+At decode sizes (at most 16 rows) a projection runs in the Triton GEMV, which reads the weight at close to full
+bandwidth where cuBLAS's small-M kernels do not, and takes the op before it into its prologue (a decoder layer's
+RMSNorm with the residual add, SwiGLU's activation): one launch instead of two. Past 16 rows, or where the
+operands do not fit the GEMV (`use_gemv`), the BLAS kernel tuned for the weight runs (blas.py), after the op
+before it as a kernel of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heron.kernels.activation import silu_and_mul
+from heron.kernels.gemm.blas import blas_linear
+from heron.kernels.gemm.plans import MatmulPlans
+from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
+from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight."""
+    if use_gemv(x, weight, bias):
+        return gemv(x, weight, bias)
+    return blas_linear(x, weight, bias, plans)
+
+
+def silu_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+) -> torch.Tensor:
+    """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes."""
+    if use_gemv(gate_up[..., : weight.shape[1]], weight, bias):
+        return gemv_silu_mul(gate_up, weight, bias)
+    return linear(silu_and_mul(gate_up), weight, bias, plans)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plans: MatmulPlans | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's entry: (linear(rmsnorm(x + residual)), x + residual); without a residual (the first
+    layer) x itself is the residual. One GEMV kernel at decode sizes."""
+    fits = use_gemv(x, weight, bias) and norm_weight.dtype == x.dtype
+    if fits and (residual is None or residual.stride(-1) == 1):
+        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias)
+    if residual is None:
+        normed, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight, bias, plans), residual

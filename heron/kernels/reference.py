@@ -1,0 +1,155 @@
+"""The PyTorch reference of every Triton kernel in this package, in one place: what the CPU runs (the layers
+bind these off CUDA) and the oracle the kernel tests compare against. No Triton here.
+
+Rounding is the model's: where a kernel fuses several steps it rounds where these functions round (see each
+kernel's docstring), so bf16 outputs agree bit for bit in all but a few elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """weight * rmsnorm(x) with float32 statistics (heron/kernels/rmsnorm.py). With `residual`: x + residual is
+    normalised and returned too, as (normed, x + residual)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(dtype)
+    return out if residual is None else (out, residual)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * rmsnorm(x + residual), x + residual): `rms_norm_ref` in the kernel's signature."""
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def rms_norm_linear_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.linear(rmsnorm(x + residual)), x + residual), x the residual without one (heron/kernels/gemv.py's
+    norm prologue, whose one rounding of h * weight sits within a bf16 rounding of these two)."""
+    if residual is None:
+        normed, residual = rms_norm_ref(x, norm_weight, eps), x
+    else:
+        normed, residual = rms_norm_ref(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), residual
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> silu(gate) * up [..., I] (heron/kernels/activation.py)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def silu_mul_linear_ref(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight, bias) (heron/kernels/gemv.py's SwiGLU prologue)."""
+    return F.linear(silu_and_mul_ref(gate_up), weight, bias)
+
+
+def apply_rope_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optional per-head RMSNorm, then RoPE in the rotate-half layout (heron/kernels/rope.py): q [T, H, D],
+    k [T, Hkv, D], cos_sin [max_pos, D] = cat(cos, sin)."""
+    if q_norm_weight is not None:
+        q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def apply_rope_and_cache_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """`apply_rope_ref`, with the rotated k and v written into the paged cache (`write_kv_ref`); returns q."""
+    q, k = apply_rope_ref(q, k, positions, cos_sin, q_norm_weight, k_norm_weight, eps)
+    write_kv_ref(k, v, kv_cache, slot_mapping)
+    return q
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] into kv_cache [2, num_blocks, block_size, Hkv, D] at slot_mapping [T'] (a slot of -1 or
+    a row t >= T' is skipped): the cache write of heron/kernels/rope.py's `apply_rope_and_cache`."""
+    slots = slot_mapping[: k.shape[0]]
+    keep = slots >= 0
+    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
+    flat[0].index_copy_(0, slots[keep], k[: slots.shape[0]][keep].to(kv_cache.dtype))
+    flat[1].index_copy_(0, slots[keep], v[: slots.shape[0]][keep].to(kv_cache.dtype))
+
+
+def paged_decode_ref(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, H, D], one query per sequence attending to all of its seq_lens[b] keys (heron/kernels/
+    paged_decode.py). Computed in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = q.shape[1] // num_kv_heads
+    out = torch.zeros_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        if n <= 0:
+            continue
+        blocks = block_tables[b, : -(-n // block_size)].long()
+        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def paged_prefill_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Per sequence, causal attention of its q_len new queries, at positions seq_len - q_len .. seq_len - 1,
+    over its keys (heron/kernels/paged_prefill.py), in float32; returns q's dtype. Reads lengths on the host:
+    tests only."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = q.shape[1] // num_kv_heads
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    for b, n in enumerate(seq_lens.tolist()):
+        a, e = starts[b], starts[b + 1]
+        if e == a:
+            continue
+        blocks = block_tables[b, : -(-n // block_size)].long()
+        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
+        s = torch.einsum("thd,nhd->htn", q[a:e].float(), k) * scale
+        pos = torch.arange(n - (e - a), n, device=q.device)
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        out[a:e] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,64 @@
+"""RMSNorm, and NormLinear: an RMSNorm built with the projection it feeds, so that a pre-norm block's entry
+(residual add, norm, projection) runs as one GEMV kernel at decode sizes on CUDA."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from heron.kernels.reference import fused_add_rms_norm_ref, rms_norm_linear_ref, rms_norm_ref
+from heron.layers.device_ops import DeviceOps
+
+if TYPE_CHECKING:
+    from heron.layers.linear import ColumnParallelLinear
+
+
+class RMSNorm(DeviceOps):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.weight.is_cuda:
+            from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+            self._norm, self._add_norm = rms_norm, fused_add_rms_norm
+        else:
+            self._norm, self._add_norm = rms_norm_ref, fused_add_rms_norm_ref
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """With `residual`: adds it first and returns (normed, x + residual), the pre-norm pattern."""
+        if residual is None:
+            return self._norm(x, self.weight, self.eps)
+        return self._add_norm(x, residual, self.weight, self.eps)
+
+
+class NormLinear(DeviceOps):
+    """The RMSNorm of a pre-norm block (its weight is this module's, under the norm's checkpoint name) together
+    with the projection that takes its output: `forward(x, residual)` returns (proj(rmsnorm(x + residual)),
+    x + residual), x itself being the residual in the first layer. At decode sizes on CUDA the norm runs in the
+    GEMV's prologue (heron/kernels/gemm/linear.py: `rms_norm_linear`). `proj` stays a child of the module that
+    owns it (attention's qkv_proj, the MLP's gate_up_proj): this module only reads its weights."""
+
+    def __init__(self, dim: int, eps: float, proj: ColumnParallelLinear) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.__dict__["proj"] = proj  # a reference, not a submodule: its parameters keep their one name
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.weight.is_cuda:
+            from heron.kernels.gemm.linear import rms_norm_linear
+
+            self._norm_linear = partial(rms_norm_linear, plans=self.proj.matmul_plans)
+        else:
+            self._norm_linear = rms_norm_linear_ref
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias)

@@ -1,0 +1,125 @@
+"""Linear layers split over the tensor-parallel ranks.
+
+A transformer block needs one all-reduce per half: the layer that opens it (q/k/v, gate/up) is split by output
+features, so each rank owns whole heads / whole MLP columns and needs nothing from the others, and the layer that
+closes it (o, down) is split by input features, so each rank holds a partial sum of the output.
+
+Each layer's `weight_loader(param, loaded_weight, shard_id)` takes the full checkpoint tensor and copies this
+rank's slice, so loaders never know about ranks. At world size 1 every forward is the plain op of the layer it
+replaces (F.linear) with the same parameter names and shapes: on CUDA through the matmul door
+(heron/kernels/gemm/linear.py: the GEMV at decode sizes, else the BLAS kernel tuned for the weight in the
+`MatmulPlans` registry the layer was built with), F.linear elsewhere.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from heron.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+from heron.kernels.gemm.plans import plans_for_new_layer
+from heron.kernels.reference import silu_mul_linear_ref
+from heron.layers.device_ops import DeviceOps
+
+
+def divide(size: int, world_size: int, what: str) -> int:
+    if size % world_size:
+        raise ValueError(f"{what} ({size}) is not divisible by the tensor-parallel size ({world_size}).")
+    return size // world_size
+
+
+def check_shape(loaded_weight: torch.Tensor, *full_shape: int) -> None:
+    """Checkpoint tensors are checked against their full (unsplit) shape."""
+    if tuple(loaded_weight.shape) != full_shape:
+        raise ValueError(f"has shape {tuple(loaded_weight.shape)}, expected {full_shape}.")
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
+    """A parameter every rank holds whole (norms)."""
+    check_shape(loaded_weight, *param.shape)
+    param.data.copy_(loaded_weight)
+
+
+class ColumnParallelLinear(DeviceOps):
+    """y = x W^T + b with W's rows (output features) split over ranks; returns this rank's columns of y.
+
+    `output_sizes` lists the full sizes of the matrices fused into one (q, k, v or gate, up): each is split on
+    its own, so a rank holds [its q | its k | its v], the layout the model's split expects. A checkpoint may hold
+    them apart (one shard_id each) or fused already (shard_id None: the whole [q | k | v]).
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.output_sizes = output_sizes
+        self.local_sizes = [divide(s, self.tp_size, "output size") for s in output_sizes]
+        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
+        self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+        self.matmul_plans = plans_for_new_layer()
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.weight.is_cuda:
+            from heron.kernels.gemm.linear import linear
+
+            self._linear = partial(linear, plans=self.matmul_plans)
+        else:
+            self._linear = F.linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.weight, self.bias)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
+        """`loaded_weight`: the full matrix (or bias) of fused part `shard_id`, or of all parts at once (None)."""
+        if shard_id is None and len(self.output_sizes) > 1:
+            check_shape(loaded_weight, sum(self.output_sizes), *param.shape[1:])
+            for shard, part in enumerate(loaded_weight.split(self.output_sizes)):
+                self.weight_loader(param, part, shard)
+            return
+        shard_id = shard_id or 0
+        check_shape(loaded_weight, self.output_sizes[shard_id], *param.shape[1:])
+        size = self.local_sizes[shard_id]
+        dst = param.data.narrow(0, sum(self.local_sizes[:shard_id]), size)
+        dst.copy_(loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class RowParallelLinear(DeviceOps):
+    """y = x W^T + b with W's columns (input features) split over ranks: x arrives already split (the output of a
+    ColumnParallelLinear), each rank's product is a partial sum, one all-reduce adds them, and the bias is added
+    once after it.
+
+    `swiglu`: x is this rank's [gate | up] of a gate/up projection, and silu(gate) * up is the input (a down
+    projection; at decode sizes on CUDA the activation runs in the GEMV's prologue)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, swiglu: bool = False) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.input_size, self.output_size, self.swiglu = input_size, output_size, swiglu
+        self.local_input = divide(input_size, self.tp_size, "input size")
+        self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+        self.matmul_plans = plans_for_new_layer()
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.weight.is_cuda:
+            from heron.kernels.gemm.linear import linear, silu_mul_linear
+
+            self._linear = partial(silu_mul_linear if self.swiglu else linear, plans=self.matmul_plans)
+        else:
+            self._linear = silu_mul_linear_ref if self.swiglu else F.linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return self._linear(x, self.weight, self.bias)
+        y = tensor_model_parallel_all_reduce(self._linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
+        if param is self.bias:
+            return default_weight_loader(param, loaded_weight)
+        check_shape(loaded_weight, self.output_size, self.input_size)
+        param.data.copy_(loaded_weight.narrow(1, self.tp_rank * self.local_input, self.local_input))

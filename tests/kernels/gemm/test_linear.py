@@ -1,0 +1,133 @@
+"""Which kernels a model's CUDA paths launch (the matmul door's choices, the layers' CUDA bindings), traced on the
+CPU: the tensors are a subclass that says is_cuda, and each kernel's entry point is replaced by a recorder that
+computes its PyTorch reference. Kernel launches themselves are tested in tests/kernels on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from heron.attention import AttentionMetadata
+from heron.attention.torch_ref import TorchAttentionBackend
+from heron.kernels import activation, gemv, reference, rmsnorm, rope
+from heron.kernels.gemm import blas
+from heron.kernels.gemm import linear as door
+from heron.models.config import TransformerConfig
+from heron.models.registry import get_model_cls
+
+
+class _FakeCuda(torch.Tensor):
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def _fake(t):
+    return t.as_subclass(_FakeCuda) if isinstance(t, torch.Tensor) and not isinstance(t, _FakeCuda) else t
+
+
+def _plain(t):
+    return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
+
+
+def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, **_):
+    if residual is None:
+        return F.linear(reference.rms_norm_ref(x, norm_weight, eps), weight, bias), x
+    normed, h = reference.rms_norm_ref(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), h
+
+
+KERNELS = {  # name -> (modules that hold it, its reference)
+    "gemv": ((gemv, door), lambda x, w, b=None, out=None, **_: F.linear(x, w, b)),
+    "gemv_rms_norm": ((gemv, door), _gemv_rms_norm),
+    "gemv_silu_mul": ((gemv, door), lambda x, w, b=None, **_: reference.silu_mul_linear_ref(x, w, b)),
+    "rms_norm": ((rmsnorm, door), lambda x, w, eps, out=None: reference.rms_norm_ref(x, w, eps)),
+    "fused_add_rms_norm": ((rmsnorm, door), lambda x, r, w, eps, **_: reference.rms_norm_ref(x, w, eps, r)),
+    "silu_and_mul": ((activation, door), lambda x, out=None: reference.silu_and_mul_ref(x)),
+    "apply_rope_and_cache": ((rope,), reference.apply_rope_and_cache_ref),
+    "blas_linear": ((door,), lambda x, w, b=None, plans=None: F.linear(x, w, b)),
+    "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
+}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls: list[str] = []
+    for name, (modules, ref) in KERNELS.items():
+
+        def recorder(*args, name=name, ref=ref, **kwargs):
+            calls.append(name)
+            out = ref(*map(_plain, args), **{k: _plain(v) for k, v in kwargs.items()})
+            return tuple(map(_fake, out)) if isinstance(out, tuple) else _fake(out)
+
+        for module in modules:
+            monkeypatch.setattr(module, name, recorder)
+    return calls
+
+
+def _step(model, cfg, rows: int, decode: bool):
+    """`rows` sequences, one new token each (decode) or a prompt of `rows` tokens (prefill)."""
+    lens = [9] * rows if decode else [rows]
+    q_lens = [1] * rows if decode else [rows]
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, q_lens)])
+    slots = torch.cat([i * 32 + torch.arange(n - q, n) for i, (n, q) in enumerate(zip(lens, q_lens))])
+    meta = AttentionMetadata(
+        num_seqs=len(lens),
+        num_tokens=int(qsl[-1]),
+        query_start_loc=_fake(qsl),
+        seq_lens=_fake(seq_lens),
+        block_tables=_fake(torch.arange(len(lens) * 8, dtype=torch.int32).view(len(lens), 8)),
+        slot_mapping=_fake(slots),
+        max_query_len=max(q_lens),
+        max_seq_len=max(lens),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+    )
+    hidden = model(_fake(torch.randint(0, cfg.vocab_size, (int(qsl[-1]),))), _fake(positions), meta)
+    return model.compute_logits(hidden[qsl[1:].long() - 1])
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
+    hf = dict(
+        architectures=[arch],
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    cfg = TransformerConfig.from_hf(hf)
+    torch.manual_seed(0)
+    model = get_model_cls(arch)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        model.to(torch.bfloat16)._apply(_fake)  # "moved to CUDA": the layers bind their CUDA ops
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    for layer in model.layers:
+        layer.self_attn.kv_cache = _fake(torch.zeros(2, 17 * 8, 4, 2, cfg.head_dim, dtype=torch.bfloat16))
+    fused = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
+    unfused = ["rms_norm", "blas_linear", "apply_rope_and_cache", "blas_linear", "fused_add_rms_norm", "blas_linear"]
+    unfused += ["silu_and_mul", "blas_linear"]
+    later = lambda steps: [("fused_add_rms_norm" if k == "rms_norm" else k) for k in steps]
+    with torch.inference_mode():
+        for rows, decode, layers, head in (
+            (16, True, fused + fused, ["fused_add_rms_norm", "gemv"]),
+            (17, True, unfused + later(unfused), ["fused_add_rms_norm", "mm_float32"]),
+            (12, False, fused + fused, ["fused_add_rms_norm", "gemv"]),  # a prefill of <= 16 tokens: the GEMV too
+        ):
+            launches.clear()
+            logits = _step(model, cfg, rows, decode)
+            assert launches == layers + head, (rows, decode)
+            assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
