@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from heron.engine.scheduler import ScheduledBatch
+from heron.batch import ScheduledBatch
 from heron.executor.attention import AttentionMetadata
 from heron.executor.input_buffers import StepArrays
 
@@ -126,10 +126,8 @@ def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
     arrays.np.seq_lens[:] = rest[num_seqs + 1 : 2 * num_seqs + 1]
     pairs = rest[2 * num_seqs + 1 :].reshape(-1, 2).tolist()
     ends = np.cumsum(num_moves).tolist()
-    runner._move_blocks(
-        ScheduledBatch(swap_out=pairs[: ends[0]], swap_in=pairs[ends[0] : ends[1]], block_copies=pairs[ends[1] :])
-    )
+    runner.move_blocks(pairs[: ends[0]], pairs[ends[0] : ends[1]], pairs[ends[1] :])
     dist.broadcast(arrays.shared, src=0)
     key = (num_tokens, num_seqs) if graph else None
-    meta = runner._metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)
+    meta = runner.attention_metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)
     runner.run_forward(arrays, key, meta, first if first >= 0 else arrays.dev.logits_indices)
