@@ -210,7 +210,7 @@ class LLMEngine:
         The iteration is pipelined: step t is scheduled and launched before step t - 1's tokens are read
         back, so the host's work (scheduling, input preparation, detokenization) overlaps the device's.
         Meanwhile each token of step t - 1 is counted in its sequence's `num_pending`: the scheduler counts
-        it, the model runner takes its value on the device, and `update` appends it. A sequence that turns
+        it, the model runner takes its value on the device, and `_update` appends it. A sequence that turns
         out to have finished with step t - 1's token wastes its row in step t; one that reaches max_tokens
         or max_model_len is known in advance and not scheduled. A step whose tokens the next one needs on
         the host (an n > 1 request forking, repetition penalties) is read back at once."""

@@ -20,8 +20,7 @@ class OutputProcessor:
         (the draws of any step launched after it are then dropped)."""
         req = seq.request
         p = req.params
-        seq.token_ids.append(token)
-        seq.num_pending -= 1
+        seq.append_token(token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
@@ -58,7 +57,7 @@ class OutputProcessor:
             seq.finish_reason = "length"
         if seq.finish_reason is None:
             return False
-        seq.num_pending = 0
+        seq.drop_pending()
         return True
 
     def release(self, seq: Sequence) -> None:

@@ -93,6 +93,19 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def add_pending(self) -> None:
+        """A launched step draws this sequence's next token; it stays on the device until read back."""
+        self.num_pending += 1
+
+    def append_token(self, token: int) -> None:
+        """The oldest pending token, read back."""
+        self.token_ids.append(token)
+        self.num_pending -= 1
+
+    def drop_pending(self) -> None:
+        """The sequence has finished: the draws of steps launched after its last token never come in."""
+        self.num_pending = 0
+
     def update_block_hashes(self, block_size: int) -> list[bytes]:
         """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
         for i in range(len(self.block_hashes), len(self.token_ids) // block_size):

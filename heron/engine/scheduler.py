@@ -233,4 +233,4 @@ class Scheduler:
             seq.num_computed_tokens += n
             self.bm.cache_full_blocks(seq, before)
             if draws:
-                seq.num_pending += 1
+                seq.add_pending()

@@ -37,8 +37,7 @@ def step(sched):
     for seq, draws in zip(out.seqs, out.batch.num_samples):
         if draws:
             assert draws == 1 and seq.num_pending == 1
-            seq.token_ids.append(7)
-            seq.num_pending -= 1
+            seq.append_token(7)
             if seq.num_output_tokens >= seq.params.max_tokens:
                 sched.finish(seq)
     return out
