@@ -96,3 +96,17 @@ def test_a_text_prompt_with_its_ids_is_not_tokenized_again_and_still_validated(e
         with pytest.raises(ValueError, match=match):
             engine.add_request("bad", "text", params, prompt_token_ids=bad)
     assert not engine.has_unfinished() and "bad" not in engine.requests
+
+
+def test_a_token_on_the_device_is_counted_but_not_in_token_ids(embedded_llm):
+    engine = embedded_llm.engine
+    engine.add_request("pending", "Count to ten:", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    seq = engine.requests["pending"].seqs[0]
+    p = seq.num_prompt_tokens
+    assert not engine.advance()  # the prompt's step is launched; its token stays on the device
+    assert (len(seq.token_ids), seq.num_pending, seq.num_tokens, seq.num_computed_tokens) == (p, 1, p + 1, p)
+    engine.advance()  # the next step takes that token as input on the device; then the first is read back
+    assert (len(seq.token_ids), seq.num_pending, seq.num_tokens, seq.num_computed_tokens) == (p + 1, 1, p + 2, p + 1)
+    while engine.has_unfinished():
+        engine.advance()
+    assert (len(seq.output_token_ids), seq.num_pending, seq.finish_reason) == (4, 0, "length")
