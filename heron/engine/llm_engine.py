@@ -17,7 +17,8 @@ from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
 from heron.engine.request import Request, Sequence
 from heron.engine.scheduler import Scheduler, SchedulerOutput
-from heron.executor.model_runner import InflightStep, ModelRunner
+from heron.executor.inflight import InflightStep
+from heron.executor.model_runner import ModelRunner
 from heron.executor.tp_worker import TPWorkers
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source

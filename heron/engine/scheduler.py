@@ -104,6 +104,8 @@ class Scheduler:
     # -- the step ------------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        """This step's sequences and how many tokens of each: running ones first (preempting the lowest
+        ranked when blocks run out), then swapped-out ones coming back, then waiting ones."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         if self.config.policy == "priority":

@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from heron.batch import ModelRunnerOutput, SamplingSpec, ScheduledBatch
+from heron.batch import ScheduledBatch
 from heron.config import EngineConfig, resolve_dtype
 from heron.distributed import get_tp_world_size
 from heron.executor.attention import AttentionMetadata, get_backend_cls
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
+from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
-from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
+from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
+from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
 from heron.models import blas
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
 from heron.models.parallel_linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 from heron.models.registry import get_model_cls
-from heron.outputs import Logprobs
 
 if TYPE_CHECKING:
     from heron.executor.step_broadcast import StepSender
@@ -404,10 +404,10 @@ class ModelRunner:
         the per-sequence Python left is reading each sequence's new token ids and sampling constants."""
         b, num_seqs = self.buffers, len(batch)
         starts = np.array(batch.num_computed, dtype=np.int64)
-        t = _token_layout(batch.num_tokens, starts, self._arange)
+        t = token_layout(batch.num_tokens, starts, self._arange)
         graph = self.graph_keys.for_step(t.total, num_seqs, t.decode)
-        rows = _sampling_rows(batch, t.seq_lens, t.qsl)
-        prompt_lp = _prompt_logprob_rows(batch, starts, t.seq_lens, t.qsl)
+        rows = sampling_rows(batch, t.seq_lens, t.qsl)
+        prompt_lp = prompt_logprob_rows(batch, starts, t.seq_lens, t.qsl)
         # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
         first_rows = t.decode and rows.one_each and not prompt_lp.indices
 
@@ -419,7 +419,7 @@ class ModelRunner:
         h.seq_lens[:num_seqs] = t.seq_lens
         num_pending, in_order = self._pending_inputs(batch, h, t)
         if not in_order:  # (in order, every input is the previous step's sample: copied in on the device)
-            h.input_ids[: t.total] = _input_ids(batch.token_ids, starts.tolist(), t)
+            h.input_ids[: t.total] = host_input_ids(batch.token_ids, starts.tolist(), t)
         h.positions[: t.total] = t.positions
         max_seq_len = int(t.seq_lens.max())
         self.block_tables.gather(batch.seq_ids, batch.block_tables, h.block_tables, -(-max_seq_len // self.block_size))
@@ -461,7 +461,7 @@ class ModelRunner:
             prompt_lp_rows=prompt_lp.rows,
         )
 
-    def _pending_inputs(self, batch: ScheduledBatch, h: SimpleNamespace, t: _Tokens) -> tuple[int, bool]:
+    def _pending_inputs(self, batch: ScheduledBatch, h: SimpleNamespace, t: Tokens) -> tuple[int, bool]:
         """The input tokens sampled by the previous step and not on the host yet (a sequence's last input,
         past its `token_ids`): how many, and whether they are simply that step's rows in order (the batch
         is the previous one, decoding); otherwise their token indices and rows are written to pending_dst /
@@ -477,165 +477,6 @@ class ModelRunner:
         h.pending_dst[:n] = t.qsl[pending + 1] - 1
         h.pending_src[:n] = [last_rows[batch.seq_ids[i]] for i in pending.tolist()]
         return n, False
-
-
-class _Tokens(NamedTuple):
-    """Where a step's tokens sit."""
-
-    total: int
-    decode: bool  # one token per sequence
-    max_query_len: int
-    seq_lens: np.ndarray  # per sequence: its length after this step
-    qsl: np.ndarray  # query_start_loc: per sequence, its first token's index; then the total
-    seq_of_token: np.ndarray  # per token: its sequence
-    positions: np.ndarray  # per token: its position in its sequence
-
-
-def _token_layout(num_tokens: list[int], starts: np.ndarray, arange: np.ndarray) -> _Tokens:
-    """`num_tokens` new tokens per sequence after its `starts` computed ones (`arange`: 0, 1, 2, ... long
-    enough). A decode step (the common one) needs no cumulative sums or repeats."""
-    num_seqs, total = len(num_tokens), sum(num_tokens)
-    if total == num_seqs:
-        return _Tokens(total, True, 1, starts + 1, arange[: num_seqs + 1], arange[:num_seqs], starts)
-    counts = np.array(num_tokens, dtype=np.int64)
-    qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(counts, out=qsl[1:])
-    seq_of_token = np.repeat(arange[:num_seqs], counts)
-    positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
-    return _Tokens(total, False, max(num_tokens), starts + counts, qsl, seq_of_token, positions)
-
-
-def _input_ids(token_ids: list[list[int]], starts: list[int], t: _Tokens) -> list[int] | np.ndarray:
-    """The step's input token ids, 0 where the token is not on the host yet (the previous step's sample,
-    at most a sequence's last input: copied in on the device)."""
-    if t.decode:
-        return [tok[x] if x < len(tok) else 0 for tok, x in zip(token_ids, starts)]
-    ends = t.seq_lens.tolist()
-    return np.concatenate([tok[x:y] if y <= len(tok) else [*tok[x:], 0] for tok, x, y in zip(token_ids, starts, ends)])
-
-
-class _Rows(NamedTuple):
-    """A step's sampling rows: num_samples of them per sequence, in the batch's order."""
-
-    one_each: bool  # every sequence draws one token (rows are sequences)
-    seq_of_row: list[int] | range  # per row: its sequence's index in the batch
-    seq_ids: list[int | None]  # per row: its sequence's id (None: a forking draw's rows past its first)
-    specs: list[SamplingSpec]  # per row: its sampling constants
-    positions: np.ndarray  # per row: the output position of the token it draws
-    token_index: np.ndarray  # per row: the step's token whose logits it samples
-
-
-def _sampling_rows(batch: ScheduledBatch, seq_lens: np.ndarray, qsl: np.ndarray) -> _Rows:
-    """The sampling rows. A draw that forks gives one row per sample, with the sample indices from the
-    sequence's own on."""
-    width, specs, num_seqs = batch.num_samples, batch.sampling, len(batch)
-    num_prompt = np.fromiter((s.num_prompt_tokens for s in specs), np.int64, num_seqs)
-    out_pos = seq_lens - num_prompt
-    if width.count(1) == num_seqs:
-        return _Rows(True, range(num_seqs), batch.seq_ids, specs, out_pos, qsl[1:] - 1)
-    rows = [(i, j) for i, w in enumerate(width) for j in range(w)]
-    seq_of_row = [i for i, _ in rows]
-    seq_ids = [batch.seq_ids[i] if j == 0 else None for i, j in rows]
-    row_specs = [specs[i].for_row(j) for i, j in rows]
-    return _Rows(False, seq_of_row, seq_ids, row_specs, out_pos[seq_of_row], np.repeat(qsl[1:] - 1, width))
-
-
-class _PromptLogprobRows(NamedTuple):
-    indices: list[int]  # the step's tokens whose logits score a prompt token
-    targets: list[int]  # the prompt tokens they score
-    k: int  # the largest number of top logprobs asked (-1: none)
-    rows: list[tuple[int, int, int]]  # per sequence that asked: (its index, its count of indices, its k)
-
-
-def _prompt_logprob_rows(
-    batch: ScheduledBatch, starts: np.ndarray, seq_lens: np.ndarray, qsl: np.ndarray
-) -> _PromptLogprobRows:
-    """For the sequences that score their prompt this step: which logits rows, of which prompt tokens."""
-    indices, targets, k, rows = [], [], -1, []
-    for i in batch.prompt_logprobs:
-        spec = batch.sampling[i]
-        # logits at prompt position p score prompt token p + 1
-        start, last = int(starts[i]), min(int(seq_lens[i]), spec.num_prompt_tokens - 1)
-        count = max(last - start, 0)
-        indices += range(qsl[i], qsl[i] + count)
-        targets += batch.token_ids[i][start + 1 : last + 1]
-        k = max(k, spec.params.prompt_logprobs)
-        rows.append((i, count, spec.params.prompt_logprobs))
-    return _PromptLogprobRows(indices, targets, k, rows)
-
-
-@dataclass
-class StepInputs:
-    arrays: StepArrays  # the step's input arrays (host and device)
-    graph: GraphKey | None  # the captured graph that runs this step, if any
-    meta: AttentionMetadata
-    seq_of_row: list[int] | range  # per sampled row: its sequence's index in the batch
-    row_specs: list[SamplingSpec]  # per sampled row: its sampling constants
-    width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)
-    sampling: SamplingTensors
-    num_pending: int  # input tokens taken from the previous step's samples on the device
-    pending_in_order: bool  # ... input row i from sample row i, for every row (pending_dst/src not filled)
-    first_rows: bool  # the logits rows are the first len(rows) rows of the hidden states (no logits_indices)
-    one_row_each: bool  # every sequence samples one token, in the batch's order
-    prompt_lp_k: int  # -1: no prompt logprobs this step
-    prompt_lp_rows: list[tuple[int, int, int]]  # (sequence index, positions scored, k) per sequence scoring
-
-
-class InflightStep:
-    """A step launched on the device. Its outputs are copied to pinned host memory behind the step's
-    kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
-
-    def __init__(
-        self,
-        num_seqs: int,
-        inputs: StepInputs,
-        out: SamplerOutput,
-        prompt_lp: tuple[torch.Tensor, torch.Tensor] | None,
-        tokens_host: torch.Tensor | None,
-    ) -> None:
-        """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
-        self.num_seqs, self.inputs = num_seqs, inputs
-        to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
-        tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
-        self._host = [
-            tokens,
-            *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None)))),
-        ]
-        self._done = None
-        if out.token_ids.is_cuda:
-            self._done = torch.cuda.Event()
-            self._done.record()
-
-    @property
-    def read_back_now(self) -> bool:
-        """The next step needs these tokens on the host: an n > 1 request forks, or a row has penalties."""
-        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.width, default=0) > 1
-
-    def result(self) -> ModelRunnerOutput:
-        if self._done is not None:
-            self._done.synchronize()
-        token_ids, lp_ids, lps, prompt_ids, prompt_vals = (None if t is None else t.tolist() for t in self._host)
-        inputs, n = self.inputs, self.num_seqs
-        none: list[list] = [[]] * n  # (one shared empty list per sequence: read only)
-        if inputs.one_row_each and lps is None and prompt_ids is None:  # the common decode step
-            return ModelRunnerOutput([[t] for t in token_ids], none, none)
-        sampled: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[Logprobs]] = [[] for _ in range(n)] if lps is not None else none
-        for r, (i, spec) in enumerate(zip(inputs.seq_of_row, inputs.row_specs)):
-            sampled[i].append(token_ids[r])
-            k = spec.ints[2]
-            if lps is not None and k >= 0:
-                logprobs[i].append(dict(zip(lp_ids[r][: 1 + k], lps[r][: 1 + k])))
-        prompt_logprobs: list[list[Logprobs]] = none
-        if prompt_ids is not None:
-            prompt_logprobs = [[] for _ in range(n)]
-            r = 0
-            for i, count, k in inputs.prompt_lp_rows:
-                prompt_logprobs[i] = [
-                    dict(zip(prompt_ids[r + j][: 1 + k], prompt_vals[r + j][: 1 + k])) for j in range(count)
-                ]
-                r += count
-        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 
 
 def _init_dummy(model: torch.nn.Module, seed: int) -> None:
