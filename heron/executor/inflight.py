@@ -17,12 +17,14 @@ from heron.outputs import Logprobs
 
 @dataclass
 class StepInputs:
+    """What the runner made of a batch: read when the step is launched, and again when it is read back."""
+
     arrays: StepArrays  # the step's input arrays (host and device)
     graph: GraphKey | None  # the captured graph that runs this step, if any
     meta: AttentionMetadata
     seq_of_row: list[int] | range  # per sampled row: its sequence's index in the batch
     row_specs: list[SamplingSpec]  # per sampled row: its sampling constants
-    width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)
+    num_samples: list[int]  # per scheduled sequence: the tokens it draws (0, 1, or n when it forks)
     sampling: SamplingTensors
     num_pending: int  # input tokens taken from the previous step's samples on the device
     pending_in_order: bool  # ... input row i from sample row i, for every row (pending_dst/src not filled)
@@ -60,7 +62,7 @@ class InflightStep:
     @property
     def read_back_now(self) -> bool:
         """The next step needs these tokens on the host: an n > 1 request forks, or a row has penalties."""
-        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.width, default=0) > 1
+        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.num_samples, default=0) > 1
 
     def result(self) -> ModelRunnerOutput:
         if self._done is not None:

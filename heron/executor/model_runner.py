@@ -451,7 +451,7 @@ class ModelRunner:
             meta=meta,
             seq_of_row=rows.seq_of_row,
             row_specs=rows.specs,
-            width=batch.num_samples,
+            num_samples=batch.num_samples,
             sampling=sampling,
             num_pending=num_pending,
             pending_in_order=in_order,
