@@ -50,8 +50,10 @@ class SamplingSpec:
 @dataclass
 class ScheduledBatch:
     """One step: per scheduled sequence (in the lists' order) what the runner computes and samples, then the
-    KV block moves to make before the forward. The lists are read while the step is launched (`execute`)
-    and not kept, except the block tables (below)."""
+    KV block moves to make before the forward. The scheduler makes these lists anew each step and never
+    changes them afterwards, so the runner may hold on to them until the step is read back. The inner token
+    lists are the engine's, growing as tokens are read back: the runner reads them only while it launches
+    the step."""
 
     seq_ids: list[int] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # tokens computed this step
