@@ -25,7 +25,7 @@ import torch
 from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heron.engine.engine_core import to_wire
 from heron.engine.llm_engine import LLMEngine
-from heron.executor.model_runner import InflightStep
+from heron.executor.inflight import InflightStep
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
 NUM_REQUESTS, MAX_TOKENS, TIMED = 256, 160, range(20, 140)

@@ -94,7 +94,7 @@ def main() -> None:
         if args.lines:
             from line_profiler import LineProfiler
 
-            from heron.executor.model_runner import InflightStep
+            from heron.executor.inflight import InflightStep
             from heron.executor.sampler import SamplingTensors
 
             runner = llm.engine.runner

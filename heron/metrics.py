@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from heron.engine.llm_engine import EngineStats
 from heron.outputs import RequestMetrics
+from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

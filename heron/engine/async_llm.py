@@ -22,9 +22,9 @@ from concurrent.futures import Future
 
 from heron.config import EngineConfig
 from heron.engine.engine_core import OutputAccumulator, run_engine_core
-from heron.engine.llm_engine import EngineStats
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
+from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

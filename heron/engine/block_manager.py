@@ -1,9 +1,11 @@
 """Paged KV cache bookkeeping: which physical block holds which part of which sequence.
 
 Pure Python over integers; the tensors live in the model runner. Blocks carry reference counts, so that
-the n samples of a request and requests with a common prefix share blocks. With prefix caching, a full
-block is named by the chained hash of its tokens; when its last user lets go it stays in the free list,
-still findable, until it is evicted (least recently used first).
+the n samples of a request (parallel_sampling.py) and requests with a common prefix share blocks; a
+shared block that is only partly filled is copied before it is written (copy-on-write). With prefix
+caching, a full block is named by the chained hash of its tokens; when its last user lets go it stays in
+the free list, still findable, until it is evicted (least recently used first). Host blocks for swapping
+are swap_space.py's.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from heron.engine.request import Sequence
 
 
 class BlockManager:
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, num_cpu_blocks: int = 0
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -26,7 +26,6 @@ class BlockManager:
         # Blocks nobody references, in eviction order: uncached ones first, then cached ones, least
         # recently used first. An OrderedDict gives O(1) removal when a cached block is hit again.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self.cpu_free: list[int] = list(range(num_cpu_blocks))
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
 
@@ -55,7 +54,7 @@ class BlockManager:
             if block is None:
                 break
             hits.append(block)
-        if len(hits) * self.block_size >= len(seq.token_ids):
+        if len(hits) * self.block_size >= seq.num_tokens:
             hits.pop()
         return hits
 
@@ -116,50 +115,31 @@ class BlockManager:
                 self.hash_to_block[h] = block
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` shares all of `parent`'s blocks."""
         child.block_table = list(parent.block_table)
         for b in child.block_table:
             self.ref_count[b] += 1
 
     def free_seq(self, seq: Sequence) -> None:
+        """Let go of the sequence's blocks; its tokens are to be computed again."""
+        self.release_blocks(seq)
+        seq.num_computed_tokens = 0
+
+    def release_blocks(self, seq: Sequence) -> None:
+        """Let go of the sequence's blocks but not of its computed count (swapping out keeps its K/V)."""
         # Tail blocks go first into the free list, so they are evicted before the prefix they extend.
         for b in reversed(seq.block_table):
             self._unref(b)
         seq.block_table = []
-        seq.num_computed_tokens = 0
+
+    def assign_blocks(self, seq: Sequence, count: int) -> list[int]:
+        """Give `seq`, which holds no blocks, `count` fresh ones (the caller has checked there is room)."""
+        seq.block_table = [self._pop_free() for _ in range(count)]
+        return seq.block_table
 
     def count_query(self, num_tokens: int) -> None:
         if self.enable_prefix_caching:
             self.prefix_queries += num_tokens
-
-    # -- swapping to host memory -----------------------------------------------------------------
-
-    def can_swap_out(self, seq: Sequence) -> bool:
-        return len(seq.block_table) <= len(self.cpu_free)
-
-    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Move the sequence's blocks to host blocks; returns the (device, host) copies to make."""
-        mapping = [(b, self.cpu_free.pop()) for b in seq.block_table]
-        seq.cpu_block_table = [c for _, c in mapping]
-        for b in reversed(seq.block_table):
-            self._unref(b)
-        seq.block_table = []
-        return mapping
-
-    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Room for the swapped blocks and for the tokens the sequence computes next."""
-        return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) <= self.num_free_blocks
-
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Bring a swapped sequence back into fresh blocks; returns the (host, device) copies to make."""
-        mapping = [(c, self._pop_free()) for c in seq.cpu_block_table]
-        seq.block_table = [b for _, b in mapping]
-        self.cpu_free.extend(seq.cpu_block_table)
-        seq.cpu_block_table = []
-        return mapping
-
-    def free_swapped(self, seq: Sequence) -> None:
-        self.cpu_free.extend(seq.cpu_block_table)
-        seq.cpu_block_table = []
 
     # -- internals ---------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""The synchronous engine: add requests, step, read outputs. One step = schedule -> run the model ->
-process the sampled tokens. `LLM` drives it in a loop; the server's `AsyncLLM` drives it in a process of
-its own (engine_core.py)."""
+"""The synchronous engine: add requests, step, read outputs. One step = schedule -> execute (launch the
+model and sampler on the device) -> update (apply the sampled tokens). `LLM` drives it in a loop; the
+server's `AsyncLLM` drives it in a process of its own (engine_core.py)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,32 @@ import functools
 import logging
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from heron.config import EngineConfig, resolve_device
 from heron.distributed import get_tp_world_size
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
-from heron.engine.request import PENDING_TOKEN, Request, Sequence
-from heron.engine.scheduler import Scheduler
-from heron.executor.model_runner import InflightStep, ModelRunner
+from heron.engine.request import Request, Sequence
+from heron.engine.scheduler import Scheduler, SchedulerOutput
+from heron.executor.inflight import InflightStep
+from heron.executor.model_runner import ModelRunner
 from heron.executor.tp_worker import TPWorkers
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
 from heron.sampling_params import RequestOutputKind, SamplingParams
+from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class EngineStats:
-    """Counters since start and gauges now, read by the metrics endpoint and the periodic log line."""
+class Launched(NamedTuple):
+    """A step on the device: what was scheduled, and its handle for reading the tokens back."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    scheduled: SchedulerOutput
+    step: InflightStep
 
 
 class LLMEngine:
@@ -75,11 +70,11 @@ class LLMEngine:
         start = functools.partial(self._start_runner, source)
         num_blocks, num_cpu_blocks = start() if self.tp_workers is None else self.tp_workers.run(start)
         bs = config.cache.block_size
-        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, num_cpu_blocks)
-        self.scheduler = Scheduler(sched, self.block_manager)
+        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(sched, self.block_manager, num_cpu_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
-        self._inflight: InflightStep | None = None  # the launched step whose tokens are not read back yet
+        self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
         logger.info(
@@ -214,49 +209,54 @@ class LLMEngine:
         outputs are the caller's to build: `step`'s RequestOutputs, or the engine process's wire tuples.
 
         The iteration is pipelined: step t is scheduled and launched before step t - 1's tokens are read
-        back, so the host's work (scheduling, input preparation, detokenization) overlaps the GPU's. Each
-        token of step t - 1 stands as a placeholder meanwhile (PENDING_TOKEN): the scheduler counts it,
-        the model runner takes its value on the device, and the output processor writes it in. A
-        sequence that turns out to have finished with step t - 1's token wastes its row in step t; one
-        that reaches max_tokens or max_model_len is known in advance and not scheduled. A step whose
-        tokens the next one needs on the host (an n > 1 request forking, repetition penalties) is read
-        back at once."""
+        back, so the host's work (scheduling, input preparation, detokenization) overlaps the device's.
+        Meanwhile each token of step t - 1 is counted in its sequence's `num_pending`: the scheduler counts
+        it, the model runner takes its value on the device, and `_update` appends it. A sequence that turns
+        out to have finished with step t - 1's token wastes its row in step t; one that reaches max_tokens
+        or max_model_len is known in advance and not scheduled. A step whose tokens the next one needs on
+        the host (an n > 1 request forking, repetition penalties) is read back at once."""
+        scheduled = self.scheduler.schedule()
+        launched = self._execute(scheduled)
+        return self._update(launched)
+
+    def _execute(self, scheduled: SchedulerOutput) -> Launched | None:
+        """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
+        if not scheduled.seqs:
+            return None
+        now = time.time()
+        for seq in scheduled.seqs:
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = now
+        execute = self.runner.execute
+        step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
+        self.scheduler.commit(scheduled)
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        return Launched(scheduled, step)
+
+    def _update(self, launched: Launched | None) -> list[Request]:
+        """Read back the step launched before `launched` (and `launched` itself when the next step needs its
+        tokens on the host), hand their tokens to their sequences and retire what they finished. Returns
+        the requests that advanced."""
+        done = [self._inflight] if self._inflight is not None else []
+        self._inflight = launched
+        if launched is not None and launched.step.read_back_now:
+            done.append(launched)
+            self._inflight = None
         touched: dict[str, Request] = {}
         ended: set[str] = set()  # requests a sequence of which finished: the only ones that can have finished
-        batch = self.scheduler.schedule()
-        launched, read_back_now = None, False
-        if batch.seqs:
-            now = time.time()
-            for seq in batch.seqs:
-                if seq.request.metrics.first_scheduled_time is None:
-                    seq.request.metrics.first_scheduled_time = now
-            execute = self.runner.execute
-            launched = execute(batch) if self.tp_workers is None else self.tp_workers.run(execute, batch)
-            self.scheduler.update(batch)
-            self.stats.num_preemptions = self.scheduler.num_preemptions
-            for seq, width in zip(batch.seqs, launched.width):
-                if width:
-                    seq.token_ids.append(PENDING_TOKEN)
-                    seq.num_pending += 1
-            read_back_now = launched.read_back_now
-        if self._inflight is not None:
-            self._process(self._inflight, touched, ended)
-        self._inflight = launched
-        if read_back_now:
-            self._process(launched, touched, ended)
-            self._inflight = None
+        for d in done:
+            self._process(d, touched, ended)
         for r in touched.values():
             if r.request_id in ended and r.is_finished:
                 self._finish_request(r)
         return list(touched.values())
 
-    def _process(self, step: InflightStep, touched: dict[str, Request], ended: set[str]) -> None:
+    def _process(self, launched: Launched, touched: dict[str, Request], ended: set[str]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
-        result = step.result()
+        result = launched.step.result()
         now = time.time()
         append, generated = self.output_processor.append, 0
-        starts, num_tokens = step.inputs.starts, step.batch.num_tokens
-        for i, seq in enumerate(step.batch.seqs):
+        for i, seq in enumerate(launched.scheduled.seqs):
             if seq.is_finished:  # aborted, or finished by a token of the step before while this one ran
                 continue
             req = seq.request
@@ -265,10 +265,9 @@ class LLMEngine:
             tokens = result.sampled[i]
             if not tokens:
                 continue
-            index = starts[i] + num_tokens[i]  # where its placeholder stands
             seqs = [seq] if len(tokens) == 1 else [seq] + self.scheduler.fork(seq)
             for s, token, lp in zip(seqs, tokens, result.logprobs[i] or [None] * len(seqs)):
-                if append(s, index, token, lp):
+                if append(s, token, lp):
                     self._retire(s)
                     ended.add(req.request_id)
             generated += len(seqs)
@@ -292,7 +291,7 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         s = self.stats
         s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting) + len(self.scheduler.swapped)
+        s.num_waiting = self.scheduler.num_waiting
         s.kv_cache_usage = self.block_manager.usage
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits

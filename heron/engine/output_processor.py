@@ -15,17 +15,17 @@ class OutputProcessor:
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
 
-    def append(self, seq: Sequence, index: int, token: int, logprobs: Logprobs | None) -> bool:
-        """Write the token sampled for position `index` of `seq` over its placeholder; True when this
-        token finishes the sequence (a placeholder after it, of a step already launched, is dropped)."""
+    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None) -> bool:
+        """Append the next token of `seq`, read back from the device; True when it finishes the sequence
+        (the draws of any step launched after it are then dropped)."""
         req = seq.request
         p = req.params
-        seq.token_ids[index] = token
-        seq.num_pending -= 1
+        seq.append_token(token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
-        n_out = index + 1 - len(req.prompt_token_ids)
+        num_tokens = len(seq.token_ids)
+        n_out = num_tokens - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
         piece = ""
         if (
@@ -53,12 +53,11 @@ class OutputProcessor:
         elif hit and n_out >= p.min_tokens:
             seq.output_text, seq.stop_reason = hit
             seq.finish_reason = "stop"
-        elif index + 1 >= req.length_limit:
+        elif num_tokens >= req.length_limit:
             seq.finish_reason = "length"
         if seq.finish_reason is None:
             return False
-        del seq.token_ids[index + 1 :]
-        seq.num_pending = 0
+        seq.drop_pending()
         return True
 
     def release(self, seq: Sequence) -> None:
@@ -114,7 +113,7 @@ class OutputProcessor:
         p = s.request.params
         start, text_start = (s.num_sent_tokens, s.num_sent_chars) if delta else (0, 0)
         n = s.num_prompt_tokens
-        end = len(s.token_ids) - s.num_pending - n
+        end = len(s.token_ids) - n
         text = self.visible_text(s)
         s.num_sent_tokens, s.num_sent_chars = end, len(text)
         want_lps = p.logprobs is not None

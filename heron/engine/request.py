@@ -1,7 +1,12 @@
 """A request and its sequences: the unit the scheduler and the block manager work with.
 
-A request with `n > 1` starts as one sequence; when its prompt has been computed the n samples are drawn
-from the same logits and the sequence forks into n, which share the prompt's KV blocks.
+A request with `n > 1` starts as one sequence and forks into n once its prompt is computed
+(parallel_sampling.py).
+
+A sequence's `token_ids` are the tokens known on the host. The engine launches a step before the previous
+one's tokens are read back (LLMEngine.advance), so a sequence may also have `num_pending` tokens sampled
+on the device and not yet here; they follow `token_ids`, and every length the scheduler reasons with
+(`num_tokens`) counts them.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from heron.batch import SamplingSpec
 from heron.outputs import Logprobs, RequestMetrics
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
@@ -28,22 +34,18 @@ class SequenceStatus(enum.Enum):
 
 _seq_ids = itertools.count()
 
-# Stands in token_ids for a token sampled by a step still running on the GPU (see LLMEngine.step): the
-# scheduler already counts it, the model runner reads its value on the device, the output processor
-# writes it in when the step's results arrive.
-PENDING_TOKEN = -1
-
 
 class Sequence:
     def __init__(self, request: Request, index: int, token_ids: list[int]) -> None:
         self.seq_id = next(_seq_ids)
         self.request = request
         self.index = index  # which of the request's n samples
-        self.token_ids = token_ids  # prompt followed by the output so far
+        self.token_ids = token_ids  # prompt followed by the output so far, as known on the host
+        self.num_pending = 0  # tokens sampled by launched steps, on the device still: they follow token_ids
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
-        self.num_pending = 0  # trailing PENDING_TOKEN entries of token_ids
+        self.num_samples = 1  # tokens its next draw yields: n for a request's first sequence until it forks
+        self.sampling = SamplingSpec.of(request.params, request.seed, index, request.num_prompt_tokens)
         self.block_table: list[int] = []  # appended to in place, replaced on any other change
-        self.cpu_block_table: list[int] = []  # while swapped out
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
         self.status = SequenceStatus.WAITING
         self.cumulative_logprob = 0.0
@@ -64,55 +66,53 @@ class Sequence:
         return self.request.num_prompt_tokens
 
     @property
+    def num_tokens(self) -> int:
+        """Its length: the tokens known on the host and those still on the device."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
     def output_token_ids(self) -> list[int]:
         """The output tokens known on the host (not those of a step still running)."""
-        return self.token_ids[self.request.num_prompt_tokens : len(self.token_ids) - self.num_pending]
+        return self.token_ids[self.request.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.request.num_prompt_tokens
+        return self.num_tokens - self.request.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def reached_length_limit(self) -> bool:
         """No token may follow: max_tokens are out (decided without knowing the last token's value, so a
         pending token counts). The engine sets max_tokens so that this also bounds the context."""
-        return len(self.token_ids) >= self.request.length_limit
+        return self.num_tokens >= self.request.length_limit
 
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    @property
-    def num_samples(self) -> int:
-        """Tokens the sequence's next draw yields: all n of its request for a first sample that has not
-        forked yet (it then branches into n sequences), else one. Also the batch slots it takes."""
-        if self.index == 0 and self.num_output_tokens == 0:
-            return self.request.params.n - len(self.request.seqs) + 1
-        return 1
+    def add_pending(self) -> None:
+        """A launched step draws this sequence's next token; it stays on the device until read back."""
+        self.num_pending += 1
+
+    def append_token(self, token: int) -> None:
+        """The oldest pending token, read back."""
+        self.token_ids.append(token)
+        self.num_pending -= 1
+
+    def drop_pending(self) -> None:
+        """The sequence has finished: the draws of steps launched after its last token never come in."""
+        self.num_pending = 0
 
     def update_block_hashes(self, block_size: int) -> list[bytes]:
-        """Extend the chained hashes to every full block of known token_ids; a hash names a block's whole
-        prefix."""
-        known = len(self.token_ids) - self.num_pending
-        for i in range(len(self.block_hashes), known // block_size):
+        """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
+        for i in range(len(self.block_hashes), len(self.token_ids) // block_size):
             parent = self.block_hashes[i - 1] if i else b""
             chunk = np.asarray(self.token_ids[i * block_size : (i + 1) * block_size], dtype=np.int64)
             self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
         return self.block_hashes
-
-    def fork(self, index: int) -> Sequence:
-        """A sibling at the same point (called when the prompt is done, before any output token)."""
-        child = Sequence(self.request, index, list(self.token_ids))
-        child.num_computed_tokens = self.num_computed_tokens
-        child.num_pending = self.num_pending
-        child.block_hashes = list(self.block_hashes)
-        child.status = self.status
-        child.num_cached_tokens = self.num_cached_tokens
-        return child
 
 
 @dataclass
@@ -150,25 +150,6 @@ class Request:
         """Text token by token is needed for streaming and for stop strings; a request that only wants its
         final output and has no stop strings is decoded once, when it finishes."""
         return self.params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(self.params.stop)
-
-    @functools.cached_property
-    def sampling_floats(self) -> tuple[float, float, float]:
-        """(temperature, 0 when greedy; top_p; min_p): read by the sampler for every sampled row of every
-        step, so made once."""
-        p = self.params
-        return (0.0 if p.greedy else p.temperature, p.top_p, p.min_p)
-
-    @functools.cached_property
-    def sampling_ints(self) -> tuple[int, int, int]:
-        """(top_k, seed, logprobs or -1)."""
-        p = self.params
-        return (p.top_k, self.seed, -1 if p.logprobs is None else p.logprobs)
-
-    @functools.cached_property
-    def has_sampling_extras(self) -> bool:
-        """Penalties, logit_bias or min_tokens: the sampler's rarer inputs, built per row in Python."""
-        p = self.params
-        return p.has_penalties or bool(p.logit_bias) or p.min_tokens > 0
 
     @property
     def is_finished(self) -> bool:

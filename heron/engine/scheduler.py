@@ -3,8 +3,9 @@
 There is no separate prefill phase: a sequence simply has tokens whose K/V are not yet cached (the whole
 prompt at first, one sampled token later), and each step gives each running sequence as many of those
 as the token budget allows. A long prompt is thereby chunked across steps and mixed with decodes.
-When blocks run out the lowest-ranked running sequence is preempted (recomputed later, or swapped to
-host memory when `swap_space` is set). Pure Python over integers: no torch here.
+When blocks run out the lowest-ranked running sequence is preempted: swapped to host memory when there is
+room (swap_space.py), else recomputed later. Requests with n > 1 fork once their prompt is done
+(parallel_sampling.py). Pure Python over integers: no torch here.
 """
 
 from __future__ import annotations
@@ -12,36 +13,43 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from heron.batch import ScheduledBatch
 from heron.config import SchedulerConfig
 from heron.engine.block_manager import BlockManager
+from heron.engine.parallel_sampling import ParallelSampling
 from heron.engine.request import Sequence, SequenceStatus
+from heron.engine.swap_space import SwapSpace
 
 
 @dataclass
-class ScheduledBatch:
+class SchedulerOutput:
+    """A step as the engine sees it: the sequences it runs, in the order of `batch`, the runner's plain
+    view of the same step."""
+
     seqs: list[Sequence] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)  # new tokens computed this step, per sequence
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), before the forward
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    batch: ScheduledBatch = field(default_factory=ScheduledBatch)
     num_preempted: int = 0
 
     @property
+    def num_tokens(self) -> list[int]:
+        return self.batch.num_tokens
+
+    @property
     def total_tokens(self) -> int:
-        return sum(self.num_tokens)
+        return sum(self.batch.num_tokens)
 
     def __len__(self) -> int:
         return len(self.seqs)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_cpu_blocks: int = 0) -> None:
         self.config = config
         self.bm = block_manager
         self.waiting: list[Sequence] = []  # kept in rank order
         self.running: list[Sequence] = []  # admission order (fcfs) or rank order (priority)
-        self.swapped: list[Sequence] = []
-        self.unforked: set[Sequence] = set()  # first sequences of n > 1 requests that have not forked yet
+        self.swap = SwapSpace(block_manager, num_cpu_blocks)
+        self.forks = ParallelSampling(block_manager)
         self.num_preemptions = 0
 
     # -- ranking -------------------------------------------------------------------------------------
@@ -61,80 +69,103 @@ class Scheduler:
     # -- requests coming and going ---------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        if seq.params.n > 1:
-            self.unforked.add(seq)
+        self.forks.add(seq)
         self._insert_waiting(seq)
 
     def _free_seats(self) -> int:
-        """max_num_seqs less the running sequences' seats: one each, but all n for a request that has
-        not forked yet."""
-        held = sum(s.num_samples - 1 for s in self.unforked if s.status is SequenceStatus.RUNNING)
-        return self.config.max_num_seqs - len(self.running) - held
+        """max_num_seqs less the running sequences' seats: one each, and all n for a request that has not
+        forked yet."""
+        return self.config.max_num_seqs - len(self.running) - self.forks.held_seats()
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences not running: waiting, or swapped out."""
+        return len(self.waiting) + len(self.swap)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swap.queue)
 
     def finish(self, seq: Sequence) -> None:
         """Retire a sequence (finished or aborted): its blocks are released at once."""
-        for queue in (self.running, self.waiting, self.swapped):
+        for queue in (self.running, self.waiting):
             if seq in queue:
                 queue.remove(seq)
+        self.swap.discard(seq)
         self.bm.free_seq(seq)
-        self.bm.free_swapped(seq)
-        self.unforked.discard(seq)
+        self.forks.discard(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def fork(self, seq: Sequence) -> list[Sequence]:
+        """The other n - 1 samples of `seq`, whose first draw has been read back; they run from now on."""
+        children = self.forks.fork(seq)
+        self.running += children
+        return children
 
     # -- the step ------------------------------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
+    def schedule(self) -> SchedulerOutput:
+        """This step's sequences and how many tokens of each: running ones first (preempting the lowest
+        ranked when blocks run out), then swapped-out ones coming back, then waiting ones."""
+        out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         if self.config.policy == "priority":
-            self._preempt_for_waiting(batch)
+            self._preempt_for_waiting(out)
             self.running.sort(key=self._rank)
+        preempted = out.num_preempted
+        budget = self._schedule_running(out, budget)
+        # No admissions in a step that ran out of blocks: they would be undone next step.
+        if out.num_preempted == preempted:
+            seats = self._free_seats()
+            budget, seats = self._swap_in(out, budget, seats)
+            self._admit_waiting(out, budget, seats)
+        self._describe(out)
+        return out
 
-        # 1. Running sequences, in rank order; the lowest-ranked make room when blocks run out.
-        preempted_before = batch.num_preempted
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Running sequences, in rank order; the lowest-ranked make room when blocks run out. Returns the
+        budget left."""
+        seqs, b = out.seqs, out.batch
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_pending and seq.reached_length_limit:
-                i += 1  # its last token is still being sampled and ends it (see LLMEngine.step)
+                i += 1  # its last token is still being sampled and ends it (see LLMEngine.advance)
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            left = seq.num_uncomputed_tokens
+            n = min(left, budget)
             while (copies := self.bm.allocate(seq, n)) is None:
                 victim = self.running[-1]
-                self._preempt(victim, batch)
+                self._preempt(victim, out)
                 if victim is seq:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted itself; self.running shrank
-            batch.block_copies += copies
-            batch.seqs.append(seq)
-            batch.num_tokens.append(n)
+            b.block_copies += copies
+            seqs.append(seq)
+            b.num_tokens.append(n)
+            b.num_samples.append(seq.num_samples if n == left else 0)
             budget -= n
             i += 1
+        return budget
 
-        if batch.num_preempted > preempted_before:
-            return batch  # no admissions in a step that ran out of blocks: they would be undone next step
-        # A request that has not forked yet takes the seats of all its n samples up front.
-        seats = self._free_seats()
-
-        # 2. Swapped-out sequences come back before new ones.
-        while self.swapped and budget > 0 and seats >= self.swapped[0].num_samples:
-            seq = self.swapped[0]
+    def _swap_in(self, out: SchedulerOutput, budget: int, seats: int) -> tuple[int, int]:
+        """Swapped-out sequences come back before new ones. Returns the budget and seats left."""
+        while (seq := self.swap.first()) is not None and budget > 0 and seats >= seq.num_samples:
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.bm.can_swap_in(seq, n):
+            copies = self.swap.swap_in(seq, n)
+            if copies is None:
                 break
-            self.swapped.pop(0)
-            batch.swap_in += self.bm.swap_in(seq)
-            batch.block_copies += self.bm.allocate(seq, n)
-            self._admit(seq, n, batch)
+            out.batch.swap_in += copies
+            out.batch.block_copies += self.bm.allocate(seq, n)
+            self._admit(seq, n, out)
             seats -= seq.num_samples
             budget -= n
+        return budget, seats
 
-        # 3. Waiting sequences, new or preempted, with whatever the prefix cache already holds.
-        while self.waiting and budget > 0 and not self.swapped and seats >= self.waiting[0].num_samples:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, seats: int) -> None:
+        """Waiting sequences, new or preempted, with whatever the prefix cache already holds (a request that
+        has not forked yet takes the seats of all its n samples)."""
+        while self.waiting and budget > 0 and not self.swap.queue and seats >= self.waiting[0].num_samples:
             seq = self.waiting[0]
             cached = self.bm.find_cached(seq)
             n = min(seq.num_uncomputed_tokens - len(cached) * self.bm.block_size, budget)
@@ -145,31 +176,30 @@ class Scheduler:
                 self.bm.count_query(seq.num_prompt_tokens)
                 seq.num_cached_tokens = seq.num_computed_tokens
             self.waiting.pop(0)
-            batch.block_copies += copies
-            self._admit(seq, n, batch)
+            out.batch.block_copies += copies
+            self._admit(seq, n, out)
             seats -= seq.num_samples
             budget -= n
-        return batch
 
-    def _admit(self, seq: Sequence, n: int, batch: ScheduledBatch) -> None:
+    def _admit(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        batch.seqs.append(seq)
-        batch.num_tokens.append(n)
+        out.seqs.append(seq)
+        out.batch.num_tokens.append(n)
+        out.batch.num_samples.append(seq.num_samples if n == seq.num_uncomputed_tokens else 0)
 
-    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.num_preemptions += 1
-        batch.num_preempted += 1
-        if self.bm.cpu_free and self.bm.can_swap_out(seq):
-            batch.swap_out += self.bm.swap_out(seq)
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(seq)
+        out.num_preempted += 1
+        copies = self.swap.swap_out(seq)
+        if copies is not None:
+            out.batch.swap_out += copies
         else:
             self.bm.free_seq(seq)
             self._insert_waiting(seq, front=True)
 
-    def _preempt_for_waiting(self, batch: ScheduledBatch) -> None:
+    def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Priority policy: a waiting request ranked above a running one takes its place when the batch
         is full (seats or blocks)."""
         while self.waiting and self.running:
@@ -180,25 +210,29 @@ class Scheduler:
             need = self.bm.blocks_needed(min(best.num_uncomputed_tokens, self.config.max_num_batched_tokens))
             if seats >= best.num_samples and need <= self.bm.num_free_blocks:
                 return
-            self._preempt(worst, batch)
+            self._preempt(worst, out)
 
-    # -- after the step ---------------------------------------------------------------------------------
+    @staticmethod
+    def _describe(out: SchedulerOutput) -> None:
+        """The rest of the runner's plain view of the step, read off the scheduled sequences."""
+        seqs, b = out.seqs, out.batch
+        b.seq_ids = [s.seq_id for s in seqs]
+        b.num_computed = [s.num_computed_tokens for s in seqs]
+        b.token_ids = [s.token_ids for s in seqs]
+        b.block_tables = [s.block_table for s in seqs]
+        b.sampling = [s.sampling for s in seqs]
+        b.prompt_logprobs = [
+            i for i, s in enumerate(seqs) if s.request.prompt_logprobs is not None and s.request.needs_prompt_logprobs
+        ]
 
-    def update(self, batch: ScheduledBatch) -> None:
-        """The step ran: its tokens' K/V are now cached."""
-        for seq, n in zip(batch.seqs, batch.num_tokens):
+    # -- after the step is launched ----------------------------------------------------------------------
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """The step is launched: its tokens' K/V count as cached (the full blocks are named for the prefix
+        cache), and each sequence that draws has one more token, on the device until it is read back."""
+        for seq, n, draws in zip(out.seqs, out.batch.num_tokens, out.batch.num_samples):
             before = seq.num_computed_tokens
             seq.num_computed_tokens += n
             self.bm.cache_full_blocks(seq, before)
-
-    def fork(self, seq: Sequence) -> list[Sequence]:
-        """Branch off the other n - 1 samples of a request whose prompt is done; they share its blocks."""
-        children = []
-        self.unforked.discard(seq)
-        for index in range(1, seq.params.n):
-            child = seq.fork(index)
-            self.bm.fork(seq, child)
-            seq.request.seqs.append(child)
-            self.running.append(child)
-            children.append(child)
-        return children
+            if draws:
+                seq.add_pending()

@@ -189,18 +189,18 @@ class BlockTables:
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.free = list(range(num_rows - 1, -1, -1))
 
-    def gather(self, seqs: list, out: np.ndarray, width: int) -> None:
-        """out[i, :width] = the first `width` blocks of seqs[i]'s table (`out` has at least len(seqs) rows).
-        `width`: the step's longest table; attention reads no block past a sequence's length, and copying
-        whole rows would cost ~0.3 ms a step at 256 sequences of 2,560-block rows."""
-        rows = [self._update(s, seqs) for s in seqs]
+    def gather(self, seq_ids: list[int], tables: list[list[int]], out: np.ndarray, width: int) -> None:
+        """out[i, :width] = the first `width` blocks of tables[i], the table of sequence seq_ids[i] (`out` has
+        at least len(seq_ids) rows). `width`: the step's longest table; attention reads no block past a
+        sequence's length, and copying whole rows would cost ~0.3 ms a step at 256 sequences of 2,560-block
+        rows."""
+        rows = [self._update(seq_id, blocks, seq_ids) for seq_id, blocks in zip(seq_ids, tables)]
         np.take(self.table[:, :width], rows, axis=0, out=out[: len(rows), :width])
 
-    def _update(self, seq, batch: list) -> int:
-        row = self.row_of.get(seq.seq_id)
+    def _update(self, seq_id: int, blocks: list[int], batch: list[int]) -> int:
+        row = self.row_of.get(seq_id)
         if row is None:
-            row = self._new_row(seq.seq_id, batch)
-        blocks = seq.block_table
+            row = self._new_row(seq_id, batch)
         if self.lists[row] is not blocks:
             self.lists[row], self.written[row] = blocks, 0
         written = self.written[row]
@@ -209,9 +209,9 @@ class BlockTables:
             self.written[row] = len(blocks)
         return row
 
-    def _new_row(self, seq_id: int, batch: list) -> int:
+    def _new_row(self, seq_id: int, batch: list[int]) -> int:
         if not self.free:  # rows of sequences outside this batch are taken back (finished or preempted)
-            live = {s.seq_id for s in batch}
+            live = set(batch)
             for row, owner in enumerate(self.seq_ids):
                 if owner is not None and owner not in live:
                     del self.row_of[owner]

@@ -1,5 +1,5 @@
-"""Turns a scheduled batch into tensors, runs the model, samples. Owns every tensor: the weights, the
-paged KV cache (and its host-side swap space), the attention backend.
+"""Turns a scheduled batch (heron/batch.py: plain data) into tensors, runs the model, samples. Owns every
+tensor: the weights, the paged KV cache (and its host-side swap space), the attention backend.
 
 Inputs are built with numpy and copied to the device in one copy a step; the only device-to-host transfer
 of a step is reading the sampled tokens (and their logprobs when asked) at the end.
@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from heron.attention import AttentionMetadata, get_backend_cls
+from heron.batch import ScheduledBatch
 from heron.config import EngineConfig, resolve_dtype
 from heron.distributed import get_tp_world_size
-from heron.engine.request import PENDING_TOKEN, Sequence
-from heron.engine.scheduler import ScheduledBatch
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
+from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
-from heron.executor.sampler import Sampler, SamplerOutput, SamplingTensors, gather_logprobs
+from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
+from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
 from heron.kernels.gemm.plans import MatmulPlans, use_plans
 from heron.kernels.gemm.tune import tune_and_summarise
 from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -31,7 +31,6 @@ from heron.layers.vocab_embedding import ParallelLMHead
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
 from heron.models.registry import get_model_cls
-from heron.outputs import Logprobs
 
 if TYPE_CHECKING:
     from heron.executor.step_broadcast import StepSender
@@ -39,13 +38,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CPU_KV_DEFAULT = 2 << 30  # bytes of KV cache on CPU when not told otherwise
-
-
-@dataclass
-class ModelRunnerOutput:
-    sampled: list[list[int]]  # per scheduled sequence: its new tokens (n of them when it forks), or []
-    logprobs: list[list[Logprobs]]  # per scheduled sequence, parallel to `sampled` (empty if not asked)
-    prompt_logprobs: list[list[Logprobs]]  # per scheduled sequence: for the prompt positions done this step
 
 
 class ModelRunner:
@@ -78,7 +70,7 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * sched.max_num_seqs, max_blocks)
         self._arange = np.arange(max(sched.max_num_seqs, sched.max_num_batched_tokens) + 1)
         self._last_sampled = torch.zeros(1, dtype=torch.long, device=device)  # the previous step's token ids
-        self._last_seqs: list[Sequence | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
+        self._last_seq_ids: list[int | None] = []  # per row of _last_sampled: its sequence (None: a fork's)
         # Pinned host buffers for the sampled tokens, used in turn (a `.to("cpu")` would allocate pinned memory
         # and record an event each step).
         self._tokens_host = (
@@ -211,7 +203,7 @@ class ModelRunner:
             h.block_tables[seq, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
         )
         self.buffers.upload(arrays)
-        return arrays.dev, self._metadata(arrays, max(lens), max(lens))
+        return arrays.dev, self.attention_metadata(arrays, max(lens), max(lens))
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         c = self.model_cfg
@@ -291,7 +283,7 @@ class ModelRunner:
                 pad_to_graph(arrays.np, 0, 0, key)
                 b.upload(arrays)
                 query_len = 1 if is_decode(key) else key[0]  # a prefill graph's grids cover all its tokens
-                steps[key] = (arrays.dev, self._metadata(arrays, query_len, query_len, cuda_graph=True))
+                steps[key] = (arrays.dev, self.attention_metadata(arrays, query_len, query_len, cuda_graph=True))
                 self._graph_forward(key, *steps[key])
                 torch.cuda.synchronize(self.device)  # before the host bytes of the next key are written
             pool = None
@@ -326,9 +318,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> InflightStep:
         """Launch one step on the device and return at once (on a GPU); `InflightStep.result()` waits
-        for its sampled tokens. Sequences whose last input token is the previous step's sample (still
-        on the device) get it there: the engine prepares step t + 1 before step t's tokens reach the host."""
-        self._move_blocks(batch)
+        for its sampled tokens. An input position past a sequence's `token_ids` holds the previous step's
+        sample for it, still on the device, and is filled there: the engine prepares step t + 1 before step
+        t's tokens reach the host."""
+        self.move_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self.buffers.flip()
         inputs = self._prepare(batch)
         d = inputs.arrays.dev
@@ -337,7 +330,7 @@ class ModelRunner:
             d.input_ids[:n].copy_(self._last_sampled[:n])
         elif n:
             d.input_ids.index_copy_(0, d.pending_dst[:n], self._last_sampled.index_select(0, d.pending_src[:n]))
-        num_sample = len(inputs.rows)
+        num_sample = len(inputs.row_specs)
         logits_rows = num_sample if inputs.first_rows else d.logits_indices
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
             self.step_sender.send(batch, inputs.arrays, inputs.graph is not None, inputs.meta, logits_rows)
@@ -348,10 +341,10 @@ class ModelRunner:
         if inputs.prompt_lp_k >= 0:
             prompt_lp = gather_logprobs(logits[num_sample:].log_softmax(-1), d.prompt_lp_targets, inputs.prompt_lp_k)
         tokens_host = None
-        if self._tokens_host:  # the side of two steps ago: its tokens have been read (LLMEngine.step)
+        if self._tokens_host:  # the side of two steps ago: its tokens have been read (LLMEngine.advance)
             self._tokens_host.reverse()
             tokens_host = self._tokens_host[0][:num_sample]
-        return InflightStep(batch, inputs, out, prompt_lp, tokens_host)
+        return InflightStep(len(batch), inputs, out, prompt_lp, tokens_host)
 
     def run_forward(
         self, arrays: StepArrays, graph: GraphKey | None, meta: AttentionMetadata, logits_rows: torch.Tensor | int
@@ -370,24 +363,29 @@ class ModelRunner:
             hidden = self.model(arrays.dev.input_ids, arrays.dev.positions, meta)
         return self.model.compute_logits(hidden[:logits_rows] if isinstance(logits_rows, int) else hidden[logits_rows])
 
-    def _move_blocks(self, batch: ScheduledBatch) -> None:
-        """Swaps and copy-on-write copies, before any of this step's writes."""
+    def move_blocks(
+        self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]], copies: list[tuple[int, int]]
+    ) -> None:
+        """A step's KV block moves, before any of its writes (tensor-parallel workers make the same ones
+        in their shares of the cache): (device, host) swap-outs, (host, device) swap-ins, then (src, dst)
+        copies on the device (copy-on-write)."""
         kv, cpu = self.kv_cache, self.cpu_kv_cache
-        if batch.swap_out:
-            src, dst = zip(*batch.swap_out)
+        if swap_out:
+            src, dst = zip(*swap_out)
             cpu[:, :, list(dst)] = kv[:, :, list(src)].to("cpu")
-        if batch.swap_in:
-            src, dst = zip(*batch.swap_in)
+        if swap_in:
+            src, dst = zip(*swap_in)
             kv[:, :, list(dst)] = cpu[:, :, list(src)].to(self.device, non_blocking=True)
-        if batch.block_copies:
-            src, dst = zip(*batch.block_copies)
+        if copies:
+            src, dst = zip(*copies)
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
-    def _metadata(
+    def attention_metadata(
         self, arrays: StepArrays, max_query_len: int, max_seq_len: int, cuda_graph: bool = False
     ) -> AttentionMetadata:
-        """The step's attention metadata over its arrays, planned by the backend. `cuda_graph`: a batch padded
-        to a captured graph's counts (a backend that plans into fixed buffers uses the graph's)."""
+        """The step's attention metadata over its filled arrays, planned by the backend (tensor-parallel
+        workers plan their own from the lengths rank 0 sends). `cuda_graph`: a batch padded to a captured
+        graph's counts (a backend that plans into fixed buffers uses the graph's)."""
         d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
             num_seqs=arrays.num_seqs,
@@ -408,233 +406,82 @@ class ModelRunner:
 
     def _prepare(self, batch: ScheduledBatch) -> StepInputs:
         """Fill the host buffers for `batch` and queue their copy to the device. Vectorised over tokens;
-        the per-sequence Python left is reading each sequence's new token ids and sampling rows."""
-        b, seqs, num_seqs = self.buffers, batch.seqs, len(batch)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=num_seqs)
-        t = _token_layout(batch.num_tokens, starts, self._arange)
+        the per-sequence Python left is reading each sequence's new token ids and sampling constants."""
+        b, num_seqs = self.buffers, len(batch)
+        starts = np.array(batch.num_computed, dtype=np.int64)
+        t = token_layout(batch.num_tokens, starts, self._arange)
         graph = self.graph_keys.for_step(t.total, num_seqs, t.decode)
-        rows, width, logits_indices = _sampling_rows(seqs, t.seq_lens, t.qsl)
-        prompt_lp_indices, prompt_lp_targets, prompt_lp_k = _prompt_logprob_rows(seqs, starts, t.seq_lens, t.qsl)
+        rows = sampling_rows(batch, t.seq_lens, t.qsl)
+        prompt_lp = prompt_logprob_rows(batch, starts, t.seq_lens, t.qsl)
         # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
-        first_rows = t.decode and len(rows) == num_seqs and not prompt_lp_indices
+        first_rows = t.decode and rows.one_each and not prompt_lp.indices
 
-        num_logits = 0 if first_rows else len(rows) + len(prompt_lp_indices)
-        arrays = b.arrays(*(graph or (t.total, num_seqs)), num_logits, len(prompt_lp_targets))
+        num_rows = len(rows.specs)
+        num_logits = 0 if first_rows else num_rows + len(prompt_lp.indices)
+        arrays = b.arrays(*(graph or (t.total, num_seqs)), num_logits, len(prompt_lp.targets))
         h = arrays.np
         h.query_start_loc[: num_seqs + 1] = t.qsl
         h.seq_lens[:num_seqs] = t.seq_lens
-        if t.decode:
-            ids = [s.token_ids[x] for s, x in zip(seqs, starts.tolist())]
-        else:
-            ids = np.concatenate([s.token_ids[x:y] for s, x, y in zip(seqs, starts.tolist(), t.seq_lens.tolist())])
-        h.input_ids[: t.total] = ids
+        num_pending, in_order = self._pending_inputs(batch, h, t)
+        if not in_order:  # (in order, every input is the previous step's sample: copied in on the device)
+            h.input_ids[: t.total] = host_input_ids(batch.token_ids, starts.tolist(), t)
         h.positions[: t.total] = t.positions
         max_seq_len = int(t.seq_lens.max())
-        self.block_tables.gather(seqs, h.block_tables, -(-max_seq_len // self.block_size))
+        self.block_tables.gather(batch.seq_ids, batch.block_tables, h.block_tables, -(-max_seq_len // self.block_size))
         block, offset = np.divmod(t.positions, self.block_size)
         slots = h.slot_mapping[: t.total]
         np.multiply(h.block_tables[t.seq_of_token, block], self.block_size, out=slots, dtype=np.int64)
         slots += offset
         if graph is not None:
             pad_to_graph(h, t.total, num_seqs, graph)
-        num_pending, in_order = self._pending_tokens(ids, h, seqs, t)
-        self._last_seqs = [s if j == s.index else None for s, j, _ in rows]
+        self._last_seq_ids = rows.seq_ids
         if not first_rows:
-            h.logits_indices[: len(rows)] = logits_indices
-            h.logits_indices[len(rows) :] = prompt_lp_indices
-        h.prompt_lp_targets[:] = prompt_lp_targets
+            h.logits_indices[:num_rows] = rows.token_index
+            h.logits_indices[num_rows:] = prompt_lp.indices
+        h.prompt_lp_targets[:] = prompt_lp.targets
         sampling = SamplingTensors.build(
-            rows,
+            rows.specs,
+            rows.positions,
             self.model_cfg.vocab_size,
             self.device,
-            (h.sampling_f32, h.sampling_i64, b.sampling_rows(len(rows), arrays)),
+            (h.sampling_f32, h.sampling_i64, b.sampling_rows(num_rows, arrays)),
+            tokens=batch.token_ids if rows.one_each else [batch.token_ids[i] for i in rows.seq_of_row],
         )
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self._metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph is not None)
+        meta = self.attention_metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph is not None)
         return StepInputs(
             arrays=arrays,
             graph=graph,
             meta=meta,
-            rows=rows,
-            width=width,
-            starts=starts.tolist(),
+            seq_of_row=rows.seq_of_row,
+            row_specs=rows.specs,
+            num_samples=batch.num_samples,
             sampling=sampling,
             num_pending=num_pending,
             pending_in_order=in_order,
             first_rows=first_rows,
-            one_row_each=len(rows) == num_seqs and all(width),
-            prompt_lp_k=prompt_lp_k if prompt_lp_indices else -1,
+            one_row_each=rows.one_each,
+            prompt_lp_k=prompt_lp.k if prompt_lp.indices else -1,
+            prompt_lp_rows=prompt_lp.rows,
         )
 
-    def _pending_tokens(
-        self, ids: list[int] | np.ndarray, h: SimpleNamespace, seqs: list[Sequence], t: _Tokens
-    ) -> tuple[int, bool]:
-        """The input tokens sampled by the previous step, not yet on the host (copied on the device from its
-        output): how many, and whether they are simply its rows in order (the batch is the previous one,
-        decoding); otherwise their positions and rows are written to pending_dst / pending_src."""
-        if t.decode:
-            num_pending = ids.count(PENDING_TOKEN)
-            if num_pending == len(seqs) and seqs == self._last_seqs:
-                return num_pending, True
-            if not num_pending:
-                return 0, False
-        pending = np.flatnonzero(h.input_ids[: t.total] == PENDING_TOKEN)
-        if len(pending):
-            last_rows = {s.seq_id: r for r, s in enumerate(self._last_seqs) if s is not None}
-            h.pending_dst[: len(pending)] = pending
-            h.pending_src[: len(pending)] = [last_rows[seqs[i].seq_id] for i in t.seq_of_token[pending].tolist()]
-        return len(pending), False
-
-
-class _Tokens(NamedTuple):
-    """Where a step's tokens sit."""
-
-    total: int
-    decode: bool  # one token per sequence
-    max_query_len: int
-    seq_lens: np.ndarray  # per sequence: its length after this step
-    qsl: np.ndarray  # query_start_loc: per sequence, its first token's index; then the total
-    seq_of_token: np.ndarray  # per token: its sequence
-    positions: np.ndarray  # per token: its position in its sequence
-
-
-def _token_layout(num_tokens: list[int], starts: np.ndarray, arange: np.ndarray) -> _Tokens:
-    """`num_tokens` new tokens per sequence after its `starts` computed ones (`arange`: 0, 1, 2, ... long
-    enough). A decode step (the common one) needs no cumulative sums or repeats."""
-    num_seqs, total = len(num_tokens), sum(num_tokens)
-    if total == num_seqs:
-        return _Tokens(total, True, 1, starts + 1, arange[: num_seqs + 1], arange[:num_seqs], starts)
-    counts = np.array(num_tokens, dtype=np.int64)
-    qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(counts, out=qsl[1:])
-    seq_of_token = np.repeat(arange[:num_seqs], counts)
-    positions = np.arange(total) - qsl[seq_of_token] + starts[seq_of_token]
-    return _Tokens(total, False, max(num_tokens), starts + counts, qsl, seq_of_token, positions)
-
-
-def _sampling_rows(
-    seqs: list[Sequence], seq_lens: np.ndarray, qsl: np.ndarray
-) -> tuple[list[tuple[Sequence, int, int]], list[int], np.ndarray]:
-    """The sampling rows: every sequence whose last known token is in this step samples one token, and a
-    first draw of an n > 1 request samples n (it forks into n sequences afterwards). Returns the rows
-    (sequence, sample index, output position), each sequence's count of them and the rows' token indices."""
-    num_seqs = len(seqs)
-    num_prompt = np.fromiter((s.request.num_prompt_tokens for s in seqs), np.int64, num_seqs)
-    lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
-    samples = np.flatnonzero(seq_lens == lens)
-    out_pos = (seq_lens - num_prompt).tolist()
-    first_draws = samples[seq_lens[samples] == num_prompt[samples]].tolist()
-    if len(samples) == num_seqs and not any(seqs[i].num_samples > 1 for i in first_draws):
-        rows = [(s, s.index, p) for s, p in zip(seqs, out_pos)]
-        return rows, [1] * num_seqs, qsl[1:] - 1
-    width = [0] * num_seqs
-    for i in samples.tolist():
-        width[i] = 1
-    for i in first_draws:
-        width[i] = seqs[i].num_samples
-    rows = [(seqs[i], seqs[i].index + j, out_pos[i]) for i in samples.tolist() for j in range(width[i])]
-    return rows, width, np.repeat(qsl[1:] - 1, width)
-
-
-def _prompt_logprob_rows(
-    seqs: list[Sequence], starts: np.ndarray, seq_lens: np.ndarray, qsl: np.ndarray
-) -> tuple[list[int], list[int], int]:
-    """For the requests that asked for prompt logprobs: the token indices whose logits score a prompt
-    token, those tokens, and the largest number of top logprobs asked (-1: none)."""
-    indices, targets, k = [], [], -1
-    for i, s in enumerate(seqs):
-        if s.request.needs_prompt_logprobs:
-            # logits at prompt position p score prompt token p + 1
-            start, last = int(starts[i]), min(int(seq_lens[i]), s.num_prompt_tokens - 1)
-            indices += range(qsl[i], qsl[i] + max(last - start, 0))
-            targets += s.token_ids[start + 1 : last + 1]
-            k = max(k, s.params.prompt_logprobs)
-    return indices, targets, k
-
-
-@dataclass
-class StepInputs:
-    arrays: StepArrays  # the step's input arrays (host and device)
-    graph: GraphKey | None  # the captured graph that runs this step, if any
-    meta: AttentionMetadata
-    rows: list[tuple[Sequence, int, int]]  # per sampled row: (sequence, sample index, output position)
-    width: list[int]  # per scheduled sequence: how many tokens it samples (0, 1, or n when it forks)
-    starts: list[int]  # per scheduled sequence: tokens computed before this step
-    sampling: SamplingTensors
-    num_pending: int  # input tokens taken from the previous step's samples on the device
-    pending_in_order: bool  # ... input row i from sample row i, for every row (pending_dst/src not filled)
-    first_rows: bool  # the logits rows are the first len(rows) rows of the hidden states (no logits_indices)
-    one_row_each: bool  # every sequence samples one token, in the batch's order
-    prompt_lp_k: int  # -1: no prompt logprobs this step
-
-
-class InflightStep:
-    """A step launched on the device. Its outputs are copied to pinned host memory behind the step's
-    kernels; `result()` waits for that copy (the step's one sync) and sorts the tokens by sequence."""
-
-    def __init__(
-        self,
-        batch: ScheduledBatch,
-        inputs: StepInputs,
-        out: SamplerOutput,
-        prompt_lp: tuple[torch.Tensor, torch.Tensor] | None,
-        tokens_host: torch.Tensor | None,
-    ) -> None:
-        """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
-        self.batch, self.inputs = batch, inputs
-        to_host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
-        tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
-        self._host = [
-            tokens,
-            *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None)))),
-        ]
-        self._done = None
-        if out.token_ids.is_cuda:
-            self._done = torch.cuda.Event()
-            self._done.record()
-
-    @property
-    def width(self) -> list[int]:
-        return self.inputs.width
-
-    @property
-    def read_back_now(self) -> bool:
-        """The next step needs these tokens on the host: an n > 1 request forks, or a row has penalties."""
-        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.width, default=0) > 1
-
-    def result(self) -> ModelRunnerOutput:
-        if self._done is not None:
-            self._done.synchronize()
-        token_ids, lp_ids, lps, prompt_ids, prompt_vals = (None if t is None else t.tolist() for t in self._host)
-        batch, inputs = self.batch, self.inputs
-        n = len(batch.seqs)
-        none: list[list] = [[]] * n  # (one shared empty list per sequence: read only)
-        if inputs.one_row_each and lps is None and prompt_ids is None:  # the common decode step
-            return ModelRunnerOutput([[t] for t in token_ids], none, none)
-        sampled: list[list[int]] = [[] for _ in batch.seqs]
-        logprobs: list[list[Logprobs]] = [[] for _ in batch.seqs] if lps is not None else none
-        index = {s.seq_id: i for i, s in enumerate(batch.seqs)}
-        for r, (s, _, _) in enumerate(inputs.rows):
-            i = index[s.seq_id]
-            sampled[i].append(token_ids[r])
-            if lps is not None and s.params.logprobs is not None:
-                k = 1 + s.params.logprobs
-                logprobs[i].append(dict(zip(lp_ids[r][:k], lps[r][:k])))
-        prompt_logprobs: list[list[Logprobs]] = none
-        if prompt_ids is not None:
-            prompt_logprobs = [[] for _ in batch.seqs]
-            r = 0
-            for i, s in enumerate(batch.seqs):
-                if s.request.needs_prompt_logprobs:
-                    start = inputs.starts[i]
-                    count = max(min(start + batch.num_tokens[i], s.num_prompt_tokens - 1) - start, 0)
-                    k = 1 + s.params.prompt_logprobs
-                    prompt_logprobs[i] = [
-                        dict(zip(prompt_ids[r + j][:k], prompt_vals[r + j][:k])) for j in range(count)
-                    ]
-                    r += count
-        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
+    def _pending_inputs(self, batch: ScheduledBatch, h: SimpleNamespace, t: Tokens) -> tuple[int, bool]:
+        """The input tokens sampled by the previous step and not on the host yet (a sequence's last input,
+        past its `token_ids`): how many, and whether they are simply that step's rows in order (the batch
+        is the previous one, decoding); otherwise their token indices and rows are written to pending_dst /
+        pending_src."""
+        pending = t.seq_lens > np.fromiter(map(len, batch.token_ids), np.int64, len(batch))
+        n = int(np.count_nonzero(pending))
+        if not n:
+            return 0, False
+        if t.decode and n == len(batch) and batch.seq_ids == self._last_seq_ids:
+            return n, True
+        pending = np.flatnonzero(pending)
+        last_rows = {seq_id: r for r, seq_id in enumerate(self._last_seq_ids) if seq_id is not None}
+        h.pending_dst[:n] = t.qsl[pending + 1] - 1
+        h.pending_src[:n] = [last_rows[batch.seq_ids[i]] for i in pending.tolist()]
+        return n, False
 
 
 def _init_dummy(model: torch.nn.Module, seed: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from heron.engine.request import Sequence
+from heron.batch import SamplingSpec
 
 _M1 = -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
 _M2 = -7723592293110705685  # 0x94d049bb133111eb
@@ -96,25 +96,28 @@ class SamplingTensors:
     @classmethod
     def build(
         cls,
-        rows: list[tuple[Sequence, int, int]],
+        specs: list[SamplingSpec],
+        positions: np.ndarray,
         vocab: int,
         dev: torch.device,
         staging: tuple[np.ndarray, np.ndarray, tuple[torch.Tensor, ...]] | None = None,
+        tokens: list[list[int]] | None = None,
     ) -> SamplingTensors:
-        """rows: (sequence, sample index, output position) for each token to sample. `staging`: the model
-        runner's host arrays float32 [3, S] and int64 [3, S] and the device views of their first len(rows)
-        columns, row by row (temperature, top_p, min_p, top_k, seed, counter); the six per-row arrays are
-        written there and the caller copies them with the step's other inputs. Without it they are
-        copied here. The rare penalty and bias tensors are always made here."""
-        n = len(rows)
+        """One row per token to sample: its sampling constants (`specs`) and the output position of the token
+        it draws (`positions`, int64). `staging`: the model runner's host arrays float32 [3, S] and int64
+        [3, S] and the device views of their first len(specs) columns, row by row (temperature, top_p,
+        min_p, top_k, seed, counter); the six per-row arrays are written there and the caller copies them
+        with the step's other inputs. Without it they are copied here. The rare penalty and bias tensors
+        are always made here; penalties read each row's `tokens` (its sequence's tokens on the host:
+        prompt, then output)."""
+        n = len(specs)
         hf, hi, dev_rows = staging or (np.empty((3, n), np.float32), np.empty((3, n), np.int64), None)
-        reqs = [s.request for s, _, _ in rows]
-        hf[:, :n] = np.array([r.sampling_floats for r in reqs], dtype=np.float32).reshape(n, 3).T
-        ints = np.array([r.sampling_ints for r in reqs], dtype=np.int64).reshape(n, 3)
+        hf[:, :n] = np.array([s.floats for s in specs], dtype=np.float32).reshape(n, 3).T
+        ints = np.array([s.ints for s in specs], dtype=np.int64).reshape(n, 4)
         top_k = np.where((ints[:, 0] > 0) & (ints[:, 0] < vocab), ints[:, 0], vocab)
         hi[0, :n] = top_k
         hi[1, :n] = ints[:, 1]
-        hi[2, :n] = [(pos << 20) | idx for _, idx, pos in rows]
+        hi[2, :n] = (positions << 20) | ints[:, 3]  # output position and sample index
         if dev_rows is None:
             df, di = torch.from_numpy(hf).to(dev), torch.from_numpy(hi).to(dev)
             dev_rows = (*df, *di)
@@ -122,22 +125,21 @@ class SamplingTensors:
         all_greedy = not sampled.any()  # (then the sampler takes the argmax, and no threshold is needed)
         f32 = lambda xs: torch.tensor(xs, dtype=torch.float32).to(dev, non_blocking=True)
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64).to(dev, non_blocking=True)
-        extras = [i for i, r in enumerate(reqs) if r.has_sampling_extras]
-        params = [reqs[i].params for i in extras]
+        extras = [i for i, s in enumerate(specs) if s.has_extras]
+        params = [specs[i].params for i in extras]
         penalized = any(p.has_penalties for p in params)
         prompt_tokens = output_tokens = None
         if penalized:  # every row gets penalty values (1 and 0 for the rows without)
-            params = [r.params for r in reqs]
-            prompt_tokens = i64(_pad([s.token_ids[: s.num_prompt_tokens] for s, _, _ in rows], vocab))
-            # (the tokens of a step in flight are not in output_token_ids: LLMEngine reads a penalised
-            # row's token back before its next step, and other rows' counts do not matter)
-            output_tokens = i64(_pad([s.output_token_ids for s, _, _ in rows], vocab))
+            params = [s.params for s in specs]
+            prompt_tokens = i64(_pad([t[: s.num_prompt_tokens] for s, t in zip(specs, tokens)], vocab))
+            # (the tokens of a step in flight are not on the host: LLMEngine reads a penalised row's token
+            # back before its next step, and other rows' counts do not matter)
+            output_tokens = i64(_pad([t[s.num_prompt_tokens :] for s, t in zip(specs, tokens)], vocab))
         bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
         for r in extras:
-            s, _, pos = rows[r]
-            p = s.params
+            p = specs[r].params
             bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
-            if pos < p.min_tokens:
+            if positions[r] < p.min_tokens:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
         bias_cols = list(zip(*bias)) if bias else None
         return cls(

@@ -1,4 +1,4 @@
-"""How rank 0 hands each step to the other tensor-parallel ranks, and how they run it.
+"""How rank 0 hands each step to the other tensor-parallel ranks (tp_worker.py runs it there).
 
 Rank 0 schedules and prepares the step in its runner's input buffers as it would alone, then sends
   1. over each worker's pipe, one int64 array: a fixed header (the message kind and the step's sizes),
@@ -17,18 +17,14 @@ from __future__ import annotations
 import enum
 import threading
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from heron.attention import AttentionMetadata
-from heron.engine.scheduler import ScheduledBatch
+from heron.batch import ScheduledBatch
 from heron.executor.input_buffers import StepArrays
-
-if TYPE_CHECKING:
-    from heron.executor.model_runner import ModelRunner
 
 HEADER_LEN = 11  # kind, then the fields of the kind (zeros where unused)
 
@@ -99,37 +95,3 @@ class StepSender:
         pairs = np.asarray([p for m in moves for p in m], dtype=np.int64).reshape(-1)
         self.pipes.post(np.concatenate([head, arrays.np.query_start_loc, arrays.np.seq_lens, pairs]))
         dist.broadcast(arrays.shared, src=0)
-
-
-def serve_steps(runner: ModelRunner, conn: Connection) -> None:
-    """A worker's loop: run what rank 0 sends until it says stop (or its pipe closes: rank 0 is gone)."""
-    while True:
-        try:
-            msg = np.frombuffer(conn.recv_bytes(), dtype=np.int64)
-        except EOFError:
-            return
-        kind, fields = Msg(msg[0]), msg[1:HEADER_LEN].tolist()
-        if kind is Msg.SHUTDOWN:
-            return
-        if kind is Msg.ALLOCATE:
-            runner.allocate_kv_cache(fields[0], fields[1])
-            runner.warm_up()
-        else:
-            _run_step(runner, fields, msg[HEADER_LEN:])
-
-
-@torch.inference_mode()
-def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
-    num_tokens, num_seqs, graph, max_query_len, max_seq_len, num_logits, first, *num_moves = fields
-    arrays = runner.buffers.arrays(num_tokens, num_seqs, num_logits)
-    arrays.np.query_start_loc[:] = rest[: num_seqs + 1]
-    arrays.np.seq_lens[:] = rest[num_seqs + 1 : 2 * num_seqs + 1]
-    pairs = rest[2 * num_seqs + 1 :].reshape(-1, 2).tolist()
-    ends = np.cumsum(num_moves).tolist()
-    runner._move_blocks(
-        ScheduledBatch(swap_out=pairs[: ends[0]], swap_in=pairs[ends[0] : ends[1]], block_copies=pairs[ends[1] :])
-    )
-    dist.broadcast(arrays.shared, src=0)
-    key = (num_tokens, num_seqs) if graph else None
-    meta = runner._metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)
-    runner.run_forward(arrays, key, meta, first if first >= 0 else arrays.dev.logits_indices)

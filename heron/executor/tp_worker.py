@@ -23,13 +23,14 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from heron.config import EngineConfig
 from heron.distributed import destroy_distributed, init_distributed
 from heron.executor.model_runner import ModelRunner
-from heron.executor.step_broadcast import Msg, Pipes, StepSender, header, serve_steps
+from heron.executor.step_broadcast import HEADER_LEN, Msg, Pipes, StepSender, header
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 
@@ -223,3 +224,35 @@ def _worker_main(
     _min_over_ranks(runner.num_blocks_for_budget(), device)
     serve_steps(runner, conn)
     destroy_distributed()
+
+
+def serve_steps(runner: ModelRunner, conn: Connection) -> None:
+    """A worker's loop: run what rank 0 sends until it says stop (or its pipe closes: rank 0 is gone)."""
+    while True:
+        try:
+            msg = np.frombuffer(conn.recv_bytes(), dtype=np.int64)
+        except EOFError:
+            return
+        kind, fields = Msg(msg[0]), msg[1:HEADER_LEN].tolist()
+        if kind is Msg.SHUTDOWN:
+            return
+        if kind is Msg.ALLOCATE:
+            runner.allocate_kv_cache(fields[0], fields[1])
+            runner.warm_up()
+        else:
+            _run_step(runner, fields, msg[HEADER_LEN:])
+
+
+@torch.inference_mode()
+def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
+    num_tokens, num_seqs, graph, max_query_len, max_seq_len, num_logits, first, *num_moves = fields
+    arrays = runner.buffers.arrays(num_tokens, num_seqs, num_logits)
+    arrays.np.query_start_loc[:] = rest[: num_seqs + 1]
+    arrays.np.seq_lens[:] = rest[num_seqs + 1 : 2 * num_seqs + 1]
+    pairs = rest[2 * num_seqs + 1 :].reshape(-1, 2).tolist()
+    ends = np.cumsum(num_moves).tolist()
+    runner.move_blocks(pairs[: ends[0]], pairs[ends[0] : ends[1]], pairs[ends[1] :])
+    dist.broadcast(arrays.shared, src=0)
+    key = (num_tokens, num_seqs) if graph else None
+    meta = runner.attention_metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)
+    runner.run_forward(arrays, key, meta, first if first >= 0 else arrays.dev.logits_indices)

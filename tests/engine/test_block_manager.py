@@ -93,7 +93,8 @@ def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
     bm = BlockManager(num_blocks=8, block_size=4)
     parent = make_seq(list(range(6)))
     compute(bm, parent, 6)
-    child = parent.fork(1)
+    child = make_seq(list(range(6)), "child")
+    child.num_computed_tokens = parent.num_computed_tokens
     bm.fork(parent, child)
     assert child.block_table == parent.block_table
     assert all(bm.ref_count[b] == 2 for b in parent.block_table)
@@ -110,22 +111,16 @@ def test_fork_shares_blocks_and_copies_a_shared_partial_block_on_write():
     assert no_leaks(bm)
 
 
-def test_swap_out_and_in_round_trip():
-    bm = BlockManager(num_blocks=4, block_size=4, num_cpu_blocks=4)
+def test_release_keeps_the_computed_count_and_assign_gives_fresh_blocks():
+    bm = BlockManager(num_blocks=4, block_size=4)
     a = make_seq(list(range(7)))
     compute(bm, a, 7)
-    table = list(a.block_table)
-    assert bm.can_swap_out(a)
-    out = bm.swap_out(a)
-    assert [g for g, _ in out] == table and bm.num_free_blocks == 4 and len(a.cpu_block_table) == 2
-    a.token_ids.append(1)
-    assert bm.can_swap_in(a, 1)
-    back = bm.swap_in(a)
-    assert [c for c, _ in back] == [c for _, c in out] and len(a.block_table) == 2
-    assert bm.allocate(a, 1) == []
-    assert len(bm.cpu_free) == 4
+    bm.release_blocks(a)
+    assert a.block_table == [] and a.num_computed_tokens == 7 and bm.num_free_blocks == 4
+    assert bm.assign_blocks(a, 2) == a.block_table and len(set(a.block_table)) == 2
+    assert all(bm.ref_count[b] == 1 for b in a.block_table) and bm.num_free_blocks == 2
     bm.free_seq(a)
-    assert no_leaks(bm)
+    assert no_leaks(bm) and a.num_computed_tokens == 0
 
 
 def test_prefix_caching_off_caches_nothing():

@@ -1,5 +1,5 @@
-"""The pipelined engine step (step t launched before step t - 1's tokens are read back): placeholders never
-leak into outputs, streamed and final-only runs agree, a sequence that ends while a later step of it is in
+"""The pipelined engine step (step t launched before step t - 1's tokens are read back): tokens still on the
+device never show in outputs, streamed and final-only runs agree, a sequence that ends while a later step of it is in
 flight neither loses nor gains tokens, and blocks completed by a then-pending token still enter the
 prefix cache."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from heron import SamplingParams
-from heron.engine.request import PENDING_TOKEN
 from heron.sampling_params import RequestOutputKind
 
 pytestmark = pytest.mark.slow
@@ -31,10 +30,11 @@ def test_streamed_outputs_never_show_a_pending_token_and_match_final_only(embedd
     engine = embedded_llm.engine
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)
     streamed = _stream(engine, PROMPTS, params)
+    vocab = engine.model_cfg.vocab_size
     for outs in streamed.values():
         for before, after in zip(outs, outs[1:]):
             ids = before.outputs[0].token_ids
-            assert PENDING_TOKEN not in ids and after.outputs[0].token_ids[: len(ids)] == ids
+            assert all(0 <= t < vocab for t in ids) and after.outputs[0].token_ids[: len(ids)] == ids
             assert after.outputs[0].text.startswith(before.outputs[0].text)
         assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 24
     final = embedded_llm.generate(PROMPTS, params, use_tqdm=False)  # FINAL_ONLY: text decoded once at the end
@@ -96,3 +96,17 @@ def test_a_text_prompt_with_its_ids_is_not_tokenized_again_and_still_validated(e
         with pytest.raises(ValueError, match=match):
             engine.add_request("bad", "text", params, prompt_token_ids=bad)
     assert not engine.has_unfinished() and "bad" not in engine.requests
+
+
+def test_a_token_on_the_device_is_counted_but_not_in_token_ids(embedded_llm):
+    engine = embedded_llm.engine
+    engine.add_request("pending", "Count to ten:", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    seq = engine.requests["pending"].seqs[0]
+    p = seq.num_prompt_tokens
+    assert not engine.advance()  # the prompt's step is launched; its token stays on the device
+    assert (len(seq.token_ids), seq.num_pending, seq.num_tokens, seq.num_computed_tokens) == (p, 1, p + 1, p)
+    engine.advance()  # the next step takes that token as input on the device; then the first is read back
+    assert (len(seq.token_ids), seq.num_pending, seq.num_tokens, seq.num_computed_tokens) == (p + 1, 1, p + 2, p + 1)
+    while engine.has_unfinished():
+        engine.advance()
+    assert (len(seq.output_token_ids), seq.num_pending, seq.finish_reason) == (4, 0, "length")

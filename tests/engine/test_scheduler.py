@@ -1,5 +1,5 @@
-"""The scheduler over integers, with a stand-in for the model: each sequence that reaches the end of its
-tokens gets one more token, until it has `max_tokens`."""
+"""The scheduler over integers, with a stand-in for the model: each sequence that draws gets one more token
+(read back at once), until it has `max_tokens`."""
 
 import pytest
 
@@ -11,11 +11,11 @@ from heron.sampling_params import SamplingParams
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens=32, policy="fcfs", swap_blocks=0):
-    bm = BlockManager(num_blocks, block_size, num_cpu_blocks=swap_blocks)
+    bm = BlockManager(num_blocks, block_size)
     cfg = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, policy=policy, max_model_len=1024
     )
-    return Scheduler(cfg, bm)
+    return Scheduler(cfg, bm, num_cpu_blocks=swap_blocks)
 
 
 def add(sched, rid, prompt_len, max_tokens=4, priority=0, arrival=None):
@@ -32,14 +32,15 @@ def add(sched, rid, prompt_len, max_tokens=4, priority=0, arrival=None):
 
 
 def step(sched):
-    batch = sched.schedule()
-    sched.update(batch)
-    for seq, _n in zip(batch.seqs, batch.num_tokens):
-        if seq.num_computed_tokens == len(seq.token_ids):
-            seq.token_ids.append(7)
+    out = sched.schedule()
+    sched.commit(out)
+    for seq, draws in zip(out.seqs, out.batch.num_samples):
+        if draws:
+            assert draws == 1 and seq.num_pending == 1
+            seq.append_token(7)
             if seq.num_output_tokens >= seq.params.max_tokens:
                 sched.finish(seq)
-    return batch
+    return out
 
 
 def run_all(sched, limit=1000):
@@ -109,13 +110,15 @@ def test_running_out_of_blocks_preempts_and_everything_finishes(swap_blocks):
     # 12 blocks of 4 tokens; four requests that each grow to 6 blocks cannot all run at once.
     sched = make_scheduler(num_blocks=12, max_num_seqs=4, max_tokens=64, swap_blocks=swap_blocks)
     reqs = [add(sched, str(i), prompt_len=10, max_tokens=14) for i in range(4)]
-    run_all(sched)
+    outs = run_all(sched)
     assert sched.num_preemptions > 0
+    # with host blocks the victims are swapped out and back, else recomputed
+    assert any(o.batch.swap_out for o in outs) == any(o.batch.swap_in for o in outs) == bool(swap_blocks)
     assert all(r.seqs[0].num_output_tokens == 14 for r in reqs)
     assert sched.bm.num_free_blocks == 12 and all(c == 0 for c in sched.bm.ref_count)
-    assert len(sched.bm.cpu_free) == swap_blocks
+    assert len(sched.swap.free) == swap_blocks
     if swap_blocks:
-        assert sched.swapped == []
+        assert sched.swap.queue == []
 
 
 def test_finish_frees_blocks_at_once():

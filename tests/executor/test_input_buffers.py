@@ -15,23 +15,28 @@ def _seq(seq_id: int, blocks: list[int]) -> SimpleNamespace:
     return SimpleNamespace(seq_id=seq_id, block_table=blocks)
 
 
+def _gather(tables: BlockTables, seqs: list[SimpleNamespace], out: np.ndarray, width: int) -> None:
+    """A step's gather, with the columns a ScheduledBatch carries."""
+    tables.gather([s.seq_id for s in seqs], [s.block_table for s in seqs], out, width)
+
+
 def test_rows_follow_growth_replacement_and_reuse():
     tables = BlockTables(num_rows=3, max_blocks_per_seq=4)
     out = np.full((3, 4), -1, dtype=np.int32)
     a, b = _seq(0, [5]), _seq(1, [7, 8])
-    tables.gather([a, b], out, 4)
+    _gather(tables, [a, b], out, 4)
     assert out[0, :1].tolist() == [5] and out[1, :2].tolist() == [7, 8]
     a.block_table.append(6)  # grows in place: only the new entry is written
     b.block_table = [9, 8]  # replaced (copy-on-write of a shared block): rewritten whole
-    tables.gather([b, a], out, 2)
+    _gather(tables, [b, a], out, 2)
     assert out[0, :2].tolist() == [9, 8] and out[1, :2].tolist() == [5, 6]
     # more sequences than free rows: rows of sequences outside the batch are taken back
     c, d = _seq(2, [1]), _seq(3, [2, 3])
-    tables.gather([c], out, 1)
-    tables.gather([d, c], out, 2)
+    _gather(tables, [c], out, 1)
+    _gather(tables, [d, c], out, 2)
     assert out[0, :2].tolist() == [2, 3] and out[1, :1].tolist() == [1]
     out[0, 2:] = -1
-    tables.gather([a], out, 2)  # `a` lost its row meanwhile: written again in full
+    _gather(tables, [a], out, 2)  # `a` lost its row meanwhile: written again in full
     assert out[0].tolist() == [5, 6, -1, -1]  # only the blocks asked for are copied
 
 

@@ -1,28 +1,29 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from heron.engine.request import Request
+from heron.batch import SamplingSpec
 from heron.executor.sampler import Sampler, SamplingTensors, uniform_noise
 from heron.sampling_params import SamplingParams
 
 V = 50
 
 
-def rows_for(params: list[SamplingParams], seeds: list[int] | None = None, outputs=None):
-    rows = []
+def build(params: list[SamplingParams], seeds: list[int] | None = None, outputs=None) -> SamplingTensors:
+    """Rows of 3-token prompts followed by `outputs` (row -> its output tokens so far)."""
+    specs, positions, tokens = [], [], []
     for i, p in enumerate(params):
-        req = Request(str(i), None, [1, 2, 3], p, seed=(seeds or [i] * len(params))[i])
-        seq = req.seqs[0]
-        seq.token_ids += (outputs or {}).get(i, [])
-        rows.append((seq, 0, seq.num_output_tokens))
-    return rows
+        out = (outputs or {}).get(i, [])
+        specs.append(SamplingSpec.of(p, (seeds or [i] * len(params))[i], 0, 3))
+        positions.append(len(out))
+        tokens.append([1, 2, 3] + out)
+    return SamplingTensors.build(specs, np.array(positions, dtype=np.int64), V, torch.device("cpu"), tokens=tokens)
 
 
 def sample(logits, params, seeds=None, outputs=None):
-    t = SamplingTensors.build(rows_for(params, seeds, outputs), V, torch.device("cpu"))
-    return Sampler()(logits, t)
+    return Sampler()(logits, build(params, seeds, outputs))
 
 
 def test_noise_is_a_pure_function_of_seed_and_counter():
@@ -56,7 +57,7 @@ def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2] + [1e-9] * (V - 3)))
     n = 4000
     params = [SamplingParams(temperature=1.0)] * n
-    t = SamplingTensors.build(rows_for(params, seeds=list(range(n))), V, torch.device("cpu"))
+    t = build(params, seeds=list(range(n)))
     ids = Sampler()(logits.expand(n, V).clone(), t).token_ids
     freq = torch.bincount(ids, minlength=V)[:3].float() / n
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
@@ -75,7 +76,7 @@ def test_penalties_match_their_definitions():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0] + [-10.0] * (V - 4)])
     p = SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
     # prompt holds tokens 1, 2, 3; the output so far holds token 3 twice
-    t = SamplingTensors.build(rows_for([p], outputs={0: [3, 3]}), V, torch.device("cpu"))
+    t = build([p], outputs={0: [3, 3]})
     from heron.executor.sampler import apply_penalties
 
     out = apply_penalties(logits, t)[0, :4]
@@ -137,7 +138,7 @@ def test_thresholds_match_their_definitions(monkeypatch, candidates, sort_rows):
     ]
     torch.manual_seed(4)
     logits = torch.randn(len(params), V)
-    t = SamplingTensors.build(rows_for(params), V, torch.device("cpu"))
+    t = build(params)
     thr = sampler_mod.sampling_thresholds(logits, t)
     for r, p in enumerate(params):
         assert set((logits[r] >= thr[r]).nonzero()[:, 0].tolist()) == _kept_by_definition(logits[r], p), r
@@ -150,7 +151,7 @@ def test_thresholds_match_their_definitions(monkeypatch, candidates, sort_rows):
 def test_no_thresholds_without_restrictions():
     from heron.executor.sampler import sampling_thresholds
 
-    t = SamplingTensors.build(rows_for([SamplingParams(temperature=0.9)] * 2), V, torch.device("cpu"))
+    t = build([SamplingParams(temperature=0.9)] * 2)
     assert sampling_thresholds(torch.randn(2, V), t) is None
 
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from heron.attention import AttentionMetadata
-from heron.engine.scheduler import ScheduledBatch
+from heron.batch import ScheduledBatch
 from heron.executor import step_broadcast
 from heron.executor.input_buffers import InputBuffers
-from heron.executor.step_broadcast import Pipes, StepSender, serve_steps
+from heron.executor.step_broadcast import Pipes, StepSender
+from heron.executor.tp_worker import serve_steps
 
 
 class _Conn:
@@ -33,16 +34,16 @@ class _Conn:
 
 
 class _Worker:
-    """A worker's runner, recording what the step asks of it."""
+    """A worker's runner (the public methods a worker calls), recording what the step asks of it."""
 
     def __init__(self) -> None:
         self.buffers = InputBuffers(max_tokens=64, max_seqs=8, max_blocks_per_seq=4, device=torch.device("cpu"))
         self.calls: list[tuple] = []
 
-    def _move_blocks(self, batch: ScheduledBatch) -> None:
-        self.calls.append(("moves", batch.swap_out, batch.swap_in, batch.block_copies))
+    def move_blocks(self, swap_out, swap_in, copies) -> None:
+        self.calls.append(("moves", swap_out, swap_in, copies))
 
-    def _metadata(self, arrays, max_query_len: int, max_seq_len: int, cuda_graph: bool) -> SimpleNamespace:
+    def attention_metadata(self, arrays, max_query_len: int, max_seq_len: int, cuda_graph: bool) -> SimpleNamespace:
         return SimpleNamespace(
             lens=(max_query_len, max_seq_len),
             cuda_graph=cuda_graph,

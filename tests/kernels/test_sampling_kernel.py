@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
-from heron.engine.request import Request  # noqa: E402
+from heron.batch import SamplingSpec  # noqa: E402
 from heron.executor.sampler import (
     Sampler,
     SamplingTensors,
@@ -81,11 +82,9 @@ def test_gumbel_noise_is_the_same():
 
 
 def _rows(params: list[SamplingParams], seeds: list[int], pos: list[int]):
-    rows = []
-    for i, (p, s) in enumerate(zip(params, seeds)):
-        seq = Request(str(i), None, [1, 2, 3], p, seed=s).seqs[0]
-        rows.append((seq, i % 2, pos[i]))
-    return rows
+    """SamplingTensors.build's rows: sample index i % 2 of a 3-token prompt, at output positions `pos`."""
+    specs = [SamplingSpec.of(p, s, i % 2, 3) for i, (p, s) in enumerate(zip(params, seeds))]
+    return specs, np.array(pos, dtype=np.int64)
 
 
 MIXED = [
@@ -106,7 +105,7 @@ def test_kernel_matches_torch_for_mixed_rows(block, num_splits):
     for step in range(2):
         logits = (torch.randn(R, V, generator=gen) * 2.5).to(DEV)
         logits[1, 17] = logits[1, 400] = logits[0, 5] = logits[0, 900] = 30.0  # exact ties: lowest id
-        t = SamplingTensors.build(_rows(MIXED, [11, 2**62 + 1, 5, 6, 7, 8, 9], [step] * R), V, DEV)
+        t = SamplingTensors.build(*_rows(MIXED, [11, 2**62 + 1, 5, 6, 7, 8, 9], [step] * R), V, DEV)
         thr = sampling_thresholds(logits, t)
         ref = sample_tokens_torch(logits, t.temperature, thr, t.seeds, t.counters)
         out = sample_tokens(logits, t.temperature, thr, t.seeds, t.counters, block=block, num_splits=num_splits)
@@ -175,7 +174,7 @@ def test_kernel_draws_follow_the_distribution():
     n, V = 240, 12
     logits = torch.tensor([2.0, 1.6, 1.5, 1.0, 0.7, 0.1, 0.0, -0.5, 1.55, -3.0, -1.0, 0.3])
     p = SamplingParams(temperature=0.8, top_k=6, min_p=0.3)
-    t = SamplingTensors.build(_rows([p] * n, list(range(n)), [0] * n), V, DEV)
+    t = SamplingTensors.build(*_rows([p] * n, list(range(n)), [0] * n), V, DEV)
     x = logits.expand(n, V).contiguous().to(DEV)
     thr = sampling_thresholds(x, t)
     ids = sample_tokens(x, t.temperature, thr, t.seeds, t.counters).cpu()

@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from heron.engine.async_llm import EngineDeadError
-from heron.engine.llm_engine import EngineStats
 from heron.entrypoints.cli import build_parser
 from heron.entrypoints.openai import api_server
 from heron.entrypoints.openai.cli import serve_engine_config
 from heron.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from heron.stats import EngineStats
 
 
 class DyingEngine:
