@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of one `heron` command between two source trees on the same machine, interleaved A B A B ...: device
-# machines differ by a few % from call to call (session 5: the same engine ran the offline Qwen3-8B workload
+# machines differ by a few % from call to call (the same engine once ran the offline Qwen3-8B workload
 # at 9,265 and 9,539 tokens/s in two calls), so a change is timed against its parent inside one call.
 #
 #   git archive --format=tar --prefix=a/ <base commit> > .ab-a.tar

@@ -15,7 +15,7 @@ for s in $SECTIONS; do case $s in
   kernels) run kernels python3 -m heron.bench.kernels ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
   kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/attention tests/layers ;;
-  quick-tests)  # the GPU-only kernel tests of session 3's changes (all of kernel-tests takes ~5 min)
+  quick-tests)  # the GPU-only fused-op, GEMV and attention tests (all of kernel-tests takes ~5 min)
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
         tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
   graph-tests)  # CUDA graphs of prefill and mixed steps: engine outputs against enforce_eager, padded attention

@@ -4,7 +4,7 @@ PyTorch runs cuBLAS's default kernel or cuBLASLt's first heuristic pick, and its
 kernel on CUDA (torch 2.11). cuBLASLt's heuristic lists several candidates for a problem, and at the skinny
 row counts of a decode step another one is often faster than its first pick: on an H200, Qwen3-8B's o
 projection at 200 rows 17.7 -> 16.2 us, down at 192 rows 42.8 -> 39.0, the LM head at 64 rows 352 -> 302
-(docs/perf_notes.md run 26). `tune.py` times the candidates and keeps the fastest; this module only asks for
+(docs/history/perf_notes.md run 26). `tune.py` times the candidates and keeps the fastest; this module only asks for
 them and runs one (its search over more configurations serves benchmarks/cublaslt_probe.py). No compiled
 extension: the library PyTorch already loaded, called directly.
 

@@ -3,7 +3,7 @@ the model's own weights.
 
 PyTorch sends every matmul of a process to one library (cuBLAS unless told otherwise), and neither is the
 faster at every shape: on an H200 cuBLASLt ran Qwen3-8B's projections from 6% slower to 14% faster than
-cuBLAS at 32-256 rows (docs/perf_notes.md run 17), and another of cuBLASLt's heuristic candidates beat both
+cuBLAS at 32-256 rows (docs/history/perf_notes.md run 17), and another of cuBLASLt's heuristic candidates beat both
 by up to 10% on the projections and 16% on the LM head at some row counts (run 26). `tune` times them at the
 row counts the engine runs (its CUDA graphs' sizes and its step budget) and records a `Plan` per weight in the
 model runner's `MatmulPlans`; blas.py's `blas_linear` and `mm_float32` (the LM head's float32 logits) run the
