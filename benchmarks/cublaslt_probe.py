@@ -2,9 +2,9 @@
 
 `python benchmarks/cublaslt_probe.py [--model DIR] [--search] [--table PATH] [rows ...]`. PyTorch's matmul runs cuBLAS's
 default or cuBLASLt's first heuristic pick, and its TunableOp registers no other kernel on CUDA
-(docs/history/perf_notes.md run 23). This asks cuBLASLt itself (`heron.kernels.gemm.cublaslt`, the engine's binding) for its
-heuristic candidates per (shape, rows) and, with `--search`, for every configuration of their algorithms
-(tiles x stages x split-K, `CublasLt.search`); it checks each one's product against F.linear and times each
+(docs/history/perf_notes.md run 23). This asks cuBLASLt itself (`heron.kernels.gemm.cublaslt`, the engine's
+binding) for its heuristic candidates per (shape, rows) and, with `--search`, for every configuration of their
+algorithms (tiles x stages x split-K, `CublasLt.search`); it checks each one's product against F.linear and times each
 over rotating weight copies (past the L2 cache), against cuBLAS's default and PyTorch's cuBLASLt, all by
 `tune.time_on_gpu` (the engine's start-up timer). `--table` writes the searched configurations that beat every
 heuristic candidate by 1%, into the table `CublasLt` reads (heron/kernels/gemm/cublaslt_table.json: this GPU model's
