@@ -1,0 +1,89 @@
+"""FusedMoE: what a token-by-token mixture of experts computes, from per-expert or stacked checkpoint matrices;
+across two gloo ranks each holds its slice of every expert's intermediate dim and one all-reduce gives the whole
+layer's output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from heron.distributed import destroy_distributed, init_distributed
+from heron.layers.moe import FusedMoE
+
+EXPERTS, TOP_K, HIDDEN, INTER = 6, 2, 16, 12
+
+
+def _experts(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full per-expert gate [E, I, H], up [E, I, H], down [E, H, I]."""
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(EXPERTS, INTER, HIDDEN, generator=gen),
+        torch.randn(EXPERTS, INTER, HIDDEN, generator=gen),
+        torch.randn(EXPERTS, HIDDEN, INTER, generator=gen),
+    )
+
+
+def _token_by_token(x, logits, gate, up, down, renormalize: bool) -> torch.Tensor:
+    """The mixture as written in the papers, one token and one expert at a time."""
+    out = torch.zeros_like(x)
+    probs = logits.softmax(-1)
+    for t in range(x.shape[0]):
+        top = probs[t].topk(TOP_K)
+        scale = top.values / top.values.sum() if renormalize else top.values
+        for w, e in zip(scale, top.indices):
+            out[t] += w * F.linear(F.silu(F.linear(x[t], gate[e])) * F.linear(x[t], up[e]), down[e])
+    return out
+
+
+def _load_per_expert(layer: FusedMoE, gate, up, down) -> None:
+    for e in range(EXPERTS):
+        layer.weight_loader(layer.w13_weight, gate[e], (e, 0))
+        layer.weight_loader(layer.w13_weight, up[e], (e, 1))
+        layer.weight_loader(layer.w2_weight, down[e], (e, 0))
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_the_layer_computes_each_tokens_weighted_top_k_experts(renormalize):
+    gate, up, down = _experts()
+    layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, renormalize)
+    _load_per_expert(layer, gate, up, down)
+    gen = torch.Generator().manual_seed(1)
+    x, logits = torch.randn(9, HIDDEN, generator=gen), torch.randn(9, EXPERTS, generator=gen)
+    torch.testing.assert_close(layer(x, logits), _token_by_token(x, logits, gate, up, down, renormalize))
+
+
+def test_stacked_and_per_expert_checkpoints_load_alike():
+    gate, up, down = _experts()
+    per_expert, stacked = (FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, True) for _ in range(2))
+    _load_per_expert(per_expert, gate, up, down)
+    stacked.weight_loader(stacked.w13_weight, torch.cat([gate, up], dim=1))  # transformers' [E, 2I, H]
+    stacked.weight_loader(stacked.w2_weight, down)
+    assert torch.equal(stacked.w13_weight, per_expert.w13_weight)
+    assert torch.equal(stacked.w2_weight, per_expert.w2_weight)
+    assert len(per_expert.shard_ids(per_expert.w13_weight)) == 2 * EXPERTS
+    with pytest.raises(ValueError, match=r"has shape \(12, 15\), expected \(12, 16\)"):
+        per_expert.weight_loader(per_expert.w13_weight, torch.zeros(INTER, HIDDEN - 1), (0, 0))
+    with pytest.raises(ValueError, match="is expert 6, and the model has 6"):
+        per_expert.weight_loader(per_expert.w2_weight, down[0], (EXPERTS, 0))
+
+
+def _sharded(rank: int, world_size: int, init_method: str) -> None:
+    init_distributed(rank, world_size, init_method, "gloo")
+    try:
+        gate, up, down = _experts()  # the same full tensors on every rank
+        layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, renormalize=True)
+        assert layer.w13_weight.shape == (EXPERTS, 2 * INTER // world_size, HIDDEN)
+        assert layer.w2_weight.shape == (EXPERTS, HIDDEN, INTER // world_size)
+        _load_per_expert(layer, gate, up, down)
+        local = slice(rank * INTER // world_size, (rank + 1) * INTER // world_size)
+        assert torch.equal(layer.w13_weight[:, : INTER // world_size], gate[:, local])
+        gen = torch.Generator().manual_seed(1)
+        x, logits = torch.randn(7, HIDDEN, generator=gen), torch.randn(7, EXPERTS, generator=gen)
+        torch.testing.assert_close(layer(x, logits), _token_by_token(x, logits, gate, up, down, True))
+    finally:
+        destroy_distributed()
+
+
+def test_two_ranks_split_every_experts_intermediate_dim(spawn_ranks):
+    spawn_ranks(_sharded)
