@@ -6,9 +6,9 @@ each a grid fixed by the shapes with nothing read back to the host, so a CUDA gr
 
 1. `topk_softmax`: router logits [T, E] -> each token's k experts (int32) and weights (float32): softmax over
    all E in float32, the k largest (ties to the lower index), rescaled to sum to one if `renormalize`.
-2. `moe_align_block_size`: the entries sorted by expert, each expert's run padded to a multiple of BLOCK_M, by
-   one program: `sorted_ids` (an entry's index t * k + j, or T * k in a padding slot), `expert_ids` (the expert
-   of each block of BLOCK_M slots) and the padded total. Slots past the total are never read.
+2. `moe_align_block_size`: the entries grouped by expert, each expert's run padded to a multiple of BLOCK_M,
+   by one program: `sorted_ids` (an entry's index t * k + j, or T * k in a padding slot), `expert_ids` (the
+   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read.
 3. The grouped GEMM, one launch per projection over all experts (`_fused_moe_kernel`): program (m, n) takes
    block m of the sorted entries, all of one expert, and output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of
    it, streaming that expert's weight tile; its rows are the entries' tokens gathered from A. The grid is sized
@@ -56,14 +56,15 @@ CONFIGS: dict[tuple[int, int, int, int, int], MoeGemmConfig] = {}
 
 
 def default_config(tokens: int, num_experts: int, top_k: int) -> MoeGemmConfig:
-    """BLOCK_M follows the mean entries per expert (16 at decode: an expert's weights are then read once
-    per step, by as few padded rows as tl.dot allows); narrow column tiles while the blocks are few, so that
-    a decode step still has a few hundred programs streaming weights."""
+    """BLOCK_M follows the mean entries per expert: at decode large enough that an expert's entries rarely
+    take two blocks (each block reads the expert's weights again), and no larger (16 is tl.dot's least);
+    narrow column tiles while the blocks are few, so that a small decode step still has a few hundred
+    programs streaming weights."""
     per_expert = tokens * top_k / num_experts
-    if per_expert <= 16:
+    if per_expert <= 6:
         return MoeGemmConfig(16, 32, 128, group_m=1, num_warps=4, num_stages=4)
-    if per_expert <= 48:
-        return MoeGemmConfig(32, 64, 64, group_m=4, num_warps=4, num_stages=4)
+    if per_expert <= 16:  # (Poisson(16) entries fit in 32 slots: each expert's weights still read once)
+        return MoeGemmConfig(32, 64, 64, group_m=1, num_warps=4, num_stages=4)
     return MoeGemmConfig(64, 128, 64, group_m=8, num_warps=8, num_stages=3)
 
 
@@ -147,49 +148,51 @@ def _moe_align_kernel(
     sorted_ids_ptr,
     expert_ids_ptr,
     total_ptr,
+    cursor_ptr,
     num_entries,
     max_blocks,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr,
 ):
     e = tl.arange(0, E_PAD)
     c = tl.arange(0, CHUNK)
     # each expert's entries, its run padded to a multiple of BLOCK_M, where its run starts
     counts = tl.zeros([E_PAD], tl.int32)
     for start in range(0, num_entries, CHUNK):
-        ids = tl.load(ids_ptr + start + c, mask=start + c < num_entries, other=E_PAD)  # E_PAD matches no expert
-        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
+        ok = start + c < num_entries
+        counts += tl.histogram(tl.load(ids_ptr + start + c, mask=ok, other=0), E_PAD, mask=ok)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
     total = tl.sum(padded, axis=0)
     tl.store(total_ptr, total)
     # the expert of each block: how many runs end at or before its first slot (-1 past the total)
-    for b0 in range(0, max_blocks, CHUNK):
-        b = b0 + c
+    for b0 in range(0, max_blocks, BLOCK_CHUNK):
+        b = b0 + tl.arange(0, BLOCK_CHUNK)
         owner = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
         tl.store(expert_ids_ptr + b, tl.where(b * BLOCK_M < total, owner, -1), mask=b < max_blocks)
     # the padding slots at the end of each run
     pad = tl.arange(0, BLOCK_M)
     slot = (starts + counts)[:, None] + pad[None, :]
     tl.store(sorted_ids_ptr + slot, num_entries, mask=pad[None, :] < (padded - counts)[:, None])
-    # each entry to its run's start + the entries of its expert before it
-    seen = tl.zeros([E_PAD], tl.int32)
+    # each entry to the next free slot of its expert's run (this program's atomics: the order within a run
+    # varies from call to call, and no entry's result depends on it)
+    tl.store(cursor_ptr + e, starts)
+    tl.debug_barrier()
     for start in range(0, num_entries, CHUNK):
-        ids = tl.load(ids_ptr + start + c, mask=start + c < num_entries, other=E_PAD)
-        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
-        rank = tl.sum(tl.cumsum(onehot, axis=0) * onehot, axis=1) - 1
-        base = tl.sum(onehot * (starts + seen)[None, :], axis=1)
-        tl.store(sorted_ids_ptr + base + rank, start + c, mask=start + c < num_entries)
-        seen += tl.sum(onehot, axis=0)
+        ok = start + c < num_entries
+        ids = tl.load(ids_ptr + start + c, mask=ok, other=0)
+        slot = tl.atomic_add(cursor_ptr + ids, 1, mask=ok, sem="relaxed", scope="cta")
+        tl.store(sorted_ids_ptr + slot, start + c, mask=ok)
 
 
 def moe_align_block_size(
     topk_ids: torch.Tensor, block_m: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_ids [T, k] -> (sorted_ids int32 [max_padded_slots], expert_ids int32 [blocks], total int32 [1]).
-    Within an expert's run the entries keep their order."""
+    One program: at decode one launch costs more than its work (a histogram and N atomic increments)."""
     num_entries = topk_ids.numel()
     slots = max_padded_slots(num_entries, num_experts, block_m)
     blocks = triton.cdiv(slots, block_m)
@@ -204,11 +207,13 @@ def moe_align_block_size(
             sorted_ids,
             expert_ids,
             total,
+            torch.empty(e_pad, dtype=torch.int32, device=device),
             num_entries,
             blocks,
             E_PAD=e_pad,
             BLOCK_M=block_m,
-            CHUNK=max(16, min(128, 8192 // e_pad)),
+            CHUNK=1024,
+            BLOCK_CHUNK=max(16, 8192 // e_pad),
             num_warps=8,
         )
     return sorted_ids, expert_ids, total

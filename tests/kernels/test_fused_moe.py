@@ -64,9 +64,9 @@ def test_alignment_sorts_entries_by_expert_in_padded_runs(tokens, top_k, block_m
     padded = (counts + block_m - 1) // block_m * block_m
     assert total.item() == padded.sum().item() <= max_padded_slots(n, num_experts, block_m) == len(sorted_ids)
     start = 0
-    for e in range(num_experts):  # each expert's run: its entries in order, then padding
+    for e in range(num_experts):  # each expert's run: its entries (in any order), then padding
         run = sorted_ids[start : start + padded[e]]
-        assert run[: counts[e]].tolist() == (flat == e).nonzero().flatten().tolist()
+        assert sorted(run[: counts[e]].tolist()) == (flat == e).nonzero().flatten().tolist()
         assert (run[counts[e] :] == n).all()
         assert (expert_ids[start // block_m : (start + padded[e]) // block_m] == e).all()
         start += padded[e].item()
@@ -102,9 +102,10 @@ def test_no_tokens_give_an_empty_output():
     assert fused_experts(x, w13, w2, weights, ids).shape == (0, 32)
 
 
-def test_pick_config_aligns_decode_batches_to_the_smallest_block():
+def test_pick_config_fits_an_experts_decode_entries_in_one_block():
     assert pick_config(1, 128, 768, 2048, 8, torch.bfloat16).block_m == 16
-    assert pick_config(256, 128, 768, 2048, 8, torch.bfloat16).block_m == 16  # 16 entries per expert
+    assert pick_config(64, 128, 768, 2048, 8, torch.bfloat16).block_m == 16  # 4 entries per expert
+    assert pick_config(256, 128, 768, 2048, 8, torch.bfloat16).block_m == 32  # 16 entries per expert
     assert pick_config(8192, 128, 768, 2048, 8, torch.bfloat16).block_m == 64
 
 
