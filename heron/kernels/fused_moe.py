@@ -8,7 +8,8 @@ each a grid fixed by the shapes with nothing read back to the host, so a CUDA gr
    all E in float32, the k largest (ties to the lower index), rescaled to sum to one if `renormalize`.
 2. `moe_align_block_size`: the entries grouped by expert, each expert's run padded to a multiple of BLOCK_M,
    by one program: `sorted_ids` (an entry's index t * k + j, or T * k in a padding slot), `expert_ids` (the
-   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read.
+   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read. A batch of
+   a few tokens (`per_entry`: batch 1 at decode) skips it: each entry is a block of its own.
 3. The grouped GEMM, one launch per projection over all experts (`_fused_moe_kernel`): program (m, n) takes
    block m of the sorted entries, all of one expert, and output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of
    it, streaming that expert's weight tile; its rows are the entries' tokens gathered from A. The grid is sized
@@ -199,8 +200,10 @@ def moe_align_block_size(
     device = topk_ids.device
     sorted_ids = torch.empty(max(slots, 1), dtype=torch.int32, device=device)
     expert_ids = torch.empty(max(blocks, 1), dtype=torch.int32, device=device)
-    total = torch.zeros(1, dtype=torch.int32, device=device)
-    if num_entries:
+    total = torch.empty(1, dtype=torch.int32, device=device)
+    if not num_entries:
+        total.zero_()
+    else:
         e_pad = triton.next_power_of_2(num_experts)
         _moe_align_kernel[(1,)](
             topk_ids.reshape(-1),
@@ -241,6 +244,7 @@ def _fused_moe_kernel(
     stride_bn,
     stride_cm,
     ROWS_PER_TOKEN: tl.constexpr,
+    PER_ENTRY: tl.constexpr,
     SWIGLU: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -253,7 +257,8 @@ def _fused_moe_kernel(
     FIX_BF16: tl.constexpr,
 ):
     """C[entry, n] = A[entry // ROWS_PER_TOKEN] . B[expert, n] over the sorted entries; SWIGLU: B's rows n and
-    up_offset + n are gate and up, C = silu(gate) * up; MUL_WEIGHT: C = weight[entry] * (A . B)."""
+    up_offset + n are gate and up, C = silu(gate) * up; MUL_WEIGHT: C = weight[entry] * (A . B). PER_ENTRY:
+    block m is entry m alone, expert_ids the entries' experts (no sorting)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(num_slots, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -262,9 +267,12 @@ def _fused_moe_kernel(
     group_size = tl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return
-    entry = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if PER_ENTRY:
+        entry = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_entries)
+    else:
+        if pid_m * BLOCK_M >= tl.load(total_ptr):
+            return
+        entry = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = entry < num_entries
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     row = tl.where(valid, entry // ROWS_PER_TOKEN, 0).to(tl.int64)  # padding reads row 0, never stored
@@ -312,14 +320,17 @@ def _grouped_gemm(
     b: torch.Tensor,
     out: torch.Tensor,
     weights: torch.Tensor | None,
-    aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    routing: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor,
     rows_per_token: int,
     cfg: MoeGemmConfig,
     swiglu: bool,
 ) -> None:
-    sorted_ids, expert_ids, total = aligned
+    """routing: `moe_align_block_size`'s (sorted_ids, expert_ids, total), or the entries' experts [T * k]
+    (a block per entry)."""
+    per_entry = isinstance(routing, torch.Tensor)
+    sorted_ids, expert_ids, total = (routing,) * 3 if per_entry else routing
     n_out, k = out.shape[1], a.shape[1]
-    num_slots = sorted_ids.numel()
+    num_slots = out.shape[0] * cfg.block_m if per_entry else sorted_ids.numel()
     grid = (triton.cdiv(num_slots, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
     _fused_moe_kernel[grid](
         a,
@@ -339,6 +350,7 @@ def _grouped_gemm(
         b.stride(1),
         out.stride(0),
         ROWS_PER_TOKEN=rows_per_token,
+        PER_ENTRY=per_entry,
         SWIGLU=swiglu,
         MUL_WEIGHT=weights is not None,
         BLOCK_M=cfg.block_m,
@@ -398,10 +410,20 @@ def fused_experts(
     assert w13.shape[2] == hidden and w2.shape == (num_experts, hidden, inter)
     assert w13.dtype == w2.dtype == x.dtype and w13.is_contiguous() and w2.is_contiguous() and x.stride(-1) == 1
     cfg = config or pick_config(tokens, num_experts, inter, hidden, top_k, x.dtype)
-    aligned = moe_align_block_size(topk_ids, cfg.block_m, num_experts)
     act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
     if tokens:
-        _grouped_gemm(x, w13, act, None, aligned, top_k, cfg, swiglu=True)
-        _grouped_gemm(act, w2, y, topk_weights.reshape(-1), aligned, 1, cfg, swiglu=False)
+        if per_entry(tokens, num_experts, top_k):
+            routing = topk_ids.reshape(-1)
+        else:
+            routing = moe_align_block_size(topk_ids, cfg.block_m, num_experts)
+        _grouped_gemm(x, w13, act, None, routing, top_k, cfg, swiglu=True)
+        _grouped_gemm(act, w2, y, topk_weights.reshape(-1), routing, 1, cfg, swiglu=False)
     return moe_sum(y, top_k)
+
+
+def per_entry(tokens: int, num_experts: int, top_k: int) -> bool:
+    """Whether the GEMMs take a block per (token, expert) entry instead of sorting the entries: for a batch so
+    small that its tokens rarely share an expert (T * k <= E / 4; one token's k experts are distinct), where
+    the alignment launch costs more than the few experts read twice."""
+    return 4 * tokens * top_k <= num_experts

@@ -16,6 +16,7 @@ from heron.kernels.fused_moe import (
     fused_experts,
     max_padded_slots,
     moe_align_block_size,
+    per_entry,
     pick_config,
     topk_softmax,
 )
@@ -75,6 +76,7 @@ def test_alignment_sorts_entries_by_expert_in_padded_runs(tokens, top_k, block_m
 
 CASES = {  # (tokens, hidden, inter, experts, top_k, config): partial N tiles (inter 40), K 48 not a multiple of 32
     "decode-1": (1, 64, 40, 6, 2, MoeGemmConfig(16, 16, 32)),
+    "per-entry": (2, 48, 40, 16, 2, MoeGemmConfig(16, 16, 32)),  # no sorting: a block per (token, expert)
     "uneven": (23, 48, 40, 6, 2, MoeGemmConfig(16, 16, 32, group_m=2)),
     "block-32": (12, 64, 32, 4, 3, MoeGemmConfig(32, 32, 16)),
 }
@@ -100,6 +102,11 @@ def test_no_tokens_give_an_empty_output():
     w13, w2 = torch.zeros(4, 32, 32, device=DEVICE), torch.zeros(4, 32, 16, device=DEVICE)
     weights, ids = topk_softmax(torch.zeros(0, 4, device=DEVICE), 2, True)
     assert fused_experts(x, w13, w2, weights, ids).shape == (0, 32)
+
+
+def test_only_batches_that_rarely_share_an_expert_skip_the_sorting():
+    assert per_entry(2, 16, 2) and not per_entry(1, 6, 2) and not per_entry(23, 6, 2)
+    assert per_entry(4, 128, 8) and not per_entry(5, 128, 8)  # Qwen3-30B-A3B: decode batches of up to 4
 
 
 def test_pick_config_fits_an_experts_decode_entries_in_one_block():
@@ -137,13 +144,14 @@ def test_qwen3_30b_shapes_with_the_default_configs(tokens):
 
 
 @gpu_only
-def test_a_captured_decode_step_replays_under_new_routings():
-    """The graph holds no routing: each replay sorts the entries it is given (a new expert set, a crowded
+@pytest.mark.parametrize("tokens", [1, 8])  # a block per entry; sorted
+def test_a_captured_decode_step_replays_under_new_routings(tokens):
+    """The graph holds no routing: each replay routes the entries it is given (a new expert set, a crowded
     expert), with nothing read back to the host."""
     gen = torch.Generator().manual_seed(0)
     w13, w2 = _qwen3_30b_experts(gen)
-    x = torch.randn(8, 2048, generator=gen).to(DEVICE, torch.bfloat16)
-    logits = torch.randn(8, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(tokens, 2048, generator=gen).to(DEVICE, torch.bfloat16)
+    logits = torch.randn(tokens, 128, generator=gen).to(DEVICE, torch.bfloat16)
 
     def step() -> torch.Tensor:
         weights, ids = topk_softmax(logits, 8, renormalize=True)
@@ -154,9 +162,9 @@ def test_a_captured_decode_step_replays_under_new_routings():
     with torch.cuda.graph(graph):
         out = step()
     for crowd in (False, True):
-        logits.copy_(torch.randn(8, 128, generator=gen))
+        logits.copy_(torch.randn(tokens, 128, generator=gen))
         if crowd:
-            logits[:, :8] += 20.0  # every token on experts 0..7: one run of 8 entries each
+            logits[:, :8] += 20.0  # every token on experts 0..7
         graph.replay()
         weights, ids = topk_softmax_ref(logits, 8, renormalize=True)
         _check(out, fused_experts_ref(x, w13, w2, weights, ids), f"replay crowd={crowd}")
