@@ -51,8 +51,8 @@ class MoeGemmConfig:
     num_stages: int = 3
 
 
-# (rows per expert, bucketed: 16, 32, 64, ...; E, I, H, k) -> config for 16-bit dtypes, consulted before
-# `default_config`. Filled from timings on a GPU; none recorded yet.
+# (tokens rounded up to a power of two, E, I, H, k) -> config for 16-bit dtypes, consulted before
+# `default_config`. From `python -m heron.bench.kernels --moe --sweep` on a GPU; none recorded yet.
 CONFIGS: dict[tuple[int, int, int, int, int], MoeGemmConfig] = {}
 
 
@@ -72,8 +72,8 @@ def default_config(tokens: int, num_experts: int, top_k: int) -> MoeGemmConfig:
 def pick_config(
     tokens: int, num_experts: int, inter: int, hidden: int, top_k: int, dtype: torch.dtype
 ) -> MoeGemmConfig:
-    bucket = max(16, triton.next_power_of_2(-(-tokens * top_k // num_experts)))
-    tuned = CONFIGS.get((bucket, num_experts, inter, hidden, top_k)) if dtype.itemsize == 2 else None
+    key = (triton.next_power_of_2(tokens), num_experts, inter, hidden, top_k)
+    tuned = CONFIGS.get(key) if dtype.itemsize == 2 else None
     return tuned or default_config(tokens, num_experts, top_k)
 
 
