@@ -1,6 +1,6 @@
 """FusedMoE: what a token-by-token mixture of experts computes, from per-expert or stacked checkpoint matrices;
-across two gloo ranks each holds its slice of every expert's intermediate dim and one all-reduce gives the whole
-layer's output."""
+under tensor parallelism each rank holds its slice of every expert's intermediate dim, and the ranks' partial
+sums add up to the whole layer's output."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heron.distributed import destroy_distributed, init_distributed
+from heron.distributed import parallel_state
+from heron.kernels.reference import fused_experts_ref, topk_softmax_ref
 from heron.layers.moe import FusedMoE
 
 EXPERTS, TOP_K, HIDDEN, INTER = 6, 2, 16, 12
@@ -68,22 +69,23 @@ def test_stacked_and_per_expert_checkpoints_load_alike():
         per_expert.weight_loader(per_expert.w2_weight, down[0], (EXPERTS, 0))
 
 
-def _sharded(rank: int, world_size: int, init_method: str) -> None:
-    init_distributed(rank, world_size, init_method, "gloo")
-    try:
-        gate, up, down = _experts()  # the same full tensors on every rank
-        layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, renormalize=True)
-        assert layer.w13_weight.shape == (EXPERTS, 2 * INTER // world_size, HIDDEN)
-        assert layer.w2_weight.shape == (EXPERTS, HIDDEN, INTER // world_size)
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_each_rank_holds_its_slice_of_every_expert_and_the_partial_sums_add_up(monkeypatch, renormalize):
+    """Two ranks' layers built and loaded side by side (the all-reduce between them: tests/models/
+    test_tensor_parallel.py runs Qwen2-MoE over two gloo ranks)."""
+    gate, up, down = _experts()
+    gen = torch.Generator().manual_seed(1)
+    x, logits = torch.randn(7, HIDDEN, generator=gen), torch.randn(7, EXPERTS, generator=gen)
+    weights, ids = topk_softmax_ref(logits, TOP_K, renormalize)
+    partials = []
+    for rank in (0, 1):
+        monkeypatch.setattr(parallel_state, "_rank", rank)
+        monkeypatch.setattr(parallel_state, "_world_size", 2)
+        layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, renormalize)
+        assert layer.w13_weight.shape == (EXPERTS, INTER, HIDDEN) and layer.w2_weight.shape == (EXPERTS, HIDDEN, 6)
         _load_per_expert(layer, gate, up, down)
-        local = slice(rank * INTER // world_size, (rank + 1) * INTER // world_size)
-        assert torch.equal(layer.w13_weight[:, : INTER // world_size], gate[:, local])
-        gen = torch.Generator().manual_seed(1)
-        x, logits = torch.randn(7, HIDDEN, generator=gen), torch.randn(7, EXPERTS, generator=gen)
-        torch.testing.assert_close(layer(x, logits), _token_by_token(x, logits, gate, up, down, True))
-    finally:
-        destroy_distributed()
-
-
-def test_two_ranks_split_every_experts_intermediate_dim(spawn_ranks):
-    spawn_ranks(_sharded)
+        local = slice(rank * 6, (rank + 1) * 6)
+        assert torch.equal(layer.w13_weight, torch.cat([gate[:, local], up[:, local]], dim=1))
+        assert torch.equal(layer.w2_weight, down[:, :, local])
+        partials.append(fused_experts_ref(x, layer.w13_weight, layer.w2_weight, weights, ids))
+    torch.testing.assert_close(sum(partials), _token_by_token(x, logits, gate, up, down, renormalize))
