@@ -1,8 +1,9 @@
 """The routed experts of a sparse mixture-of-experts MLP on the GPU, in the style of vLLM's fused_moe.
 
 A token's router picks k of E SwiGLU experts; out = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x)) over its k
-picks e = ids[j]. Computed over a flat batch of T tokens as its T * k (token, expert) entries, in four launches,
-each a grid fixed by the shapes with nothing read back to the host, so a CUDA graph replays a decode step:
+picks e = ids[j]. Computed over a flat batch of T tokens as its T * k (token, expert) entries, in four launches
+(three for a few tokens), each a grid fixed by the shapes with nothing read back to the host, so a CUDA graph
+replays a decode step:
 
 1. `topk_softmax`: router logits [T, E] -> each token's k experts (int32) and weights (float32): softmax over
    all E in float32, the k largest (ties to the lower index), rescaled to sum to one if `renormalize`.
@@ -18,8 +19,8 @@ each a grid fixed by the shapes with nothing read back to the host, so a CUDA gr
    [T * k, I]; the second (w2) scales each row by its routing weight and stores [T * k, H].
 4. `moe_sum`: each token's k rows summed in float32 (the weighted combine).
 
-An expert's weights are read once per block of its entries: at decode (a few entries per expert) BLOCK_M is
-16, tl.dot's least, and the GEMMs stream only the experts the batch touches.
+An expert's weights are read once per block of its entries, so at decode BLOCK_M is the least that holds an
+expert's entries (16, tl.dot's least, up to 32), and the GEMMs stream only the experts the batch touches.
 
 Rounding follows the PyTorch reference (`heron.kernels.reference.fused_experts_ref`): the gate and up sums
 are rounded to the activation dtype, silu(gate) rounded, times up rounded (as `silu_and_mul_ref`); the down sum
