@@ -34,6 +34,18 @@ for s in $SECTIONS; do case $s in
     run cublaslt-search timeout "${CUBLASLT_TIMEOUT:-420}" python3 benchmarks/cublaslt_probe.py --search \
         --shapes qkv,o,gate_up,down --table heron/kernels/gemm/cublaslt_table.json ${CUBLASLT_ROWS:-$(seq 64 8 256)}
     cp heron/kernels/gemm/cublaslt_table.json "$OUT/" ;;
+  moe)  # issue 22: Qwen3-30B-A3B (128 experts, 8 a token) offline (>= 0.6 of the limit counting the experts a
+    # step reads) and at batch 1 (>= 0.7 of the active weight bytes / copy rate)
+    run offline-qwen3-30b-a3b heron bench throughput --model /tmp/shapes/qwen3-30b-a3b --load-format dummy \
+        --save-result --result-name offline-qwen3-30b-a3b --max-model-len 4096
+    run latency-qwen3-30b-a3b heron bench latency --model /tmp/shapes/qwen3-30b-a3b --load-format dummy \
+        --save-result --result-name latency-qwen3-30b-a3b-bs1 --max-model-len 4096 ;;
+  moe-tests)  # the fused MoE kernels on the GPU (real shapes, graph replay) and their timings per token count,
+    # then the engine against transformers on Qwen3-30B-A3B's shapes cut to 4 layers (fp32 greedy, bf16 logits)
+    run moe-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py
+    run moe-bench python3 -m heron.bench.kernels --moe
+    run moe-correctness python3 benchmarks/gpu_correctness.py /tmp/shapes qwen3-30b-a3b ;;
+  moe-sweep) run moe-sweep python3 -m heron.bench.kernels --moe --sweep ;;  # configs for fused_moe.CONFIGS
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)

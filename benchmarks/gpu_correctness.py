@@ -5,7 +5,7 @@ prefill may be at most 1.5x as far from the fp32 logits as transformers' own bf1
 transformers' own tensors through a ModelSource, so both run the very same weights.
 Prints one line per check and exits non-zero on a failure.
 
-    python benchmarks/gpu_correctness.py SHAPES_DIR
+    python benchmarks/gpu_correctness.py SHAPES_DIR [SHAPE ...]   (default: qwen3-0.6b llama3.1-8b)
 """
 
 from __future__ import annotations
@@ -53,11 +53,15 @@ def check(name: str, ok: bool, detail: str) -> bool:
     return ok
 
 
-def main(shapes_dir: str) -> int:
+LAYERS = {"qwen3-0.6b": None, "llama3.1-8b": 8, "qwen3-30b-a3b": 4}  # None: all of them
+
+
+def main(shapes_dir: str, shapes: list[str]) -> int:
     ok = True
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (7, 100, 333, 40)]
-    for shape, layers in (("qwen3-0.6b", None), ("llama3.1-8b", 8)):
+    for shape in shapes:
+        layers = LAYERS[shape]
         cfg = json.load(open(f"{shapes_dir}/{shape}/config.json"))
         # fp32, greedy, 32 tokens
         model, hf_cfg = hf_model(cfg, torch.float32, layers)
@@ -111,4 +115,4 @@ def main(shapes_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2:] or ["qwen3-0.6b", "llama3.1-8b"]))

@@ -1,6 +1,7 @@
 """Folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
 
-    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b}/config.json + tokenizer
+    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b,qwen3-30b-a3b}/config.json
+                                             + tokenizer
 
 No machine reaches the Hugging Face hub, so the real tokenizers are not at hand. Each folder gets a
 word-level tokenizer of the model's vocabulary size instead: token i is the word `w<i>`, text is the words
@@ -72,6 +73,29 @@ SHAPES = {
         tie_word_embeddings=False,
         bos_token_id=128000,
         eos_token_id=[128001, 128008, 128009],
+    ),
+    "qwen3-30b-a3b": dict(  # a mixture of experts: 8 of 128 experts a token, ~3.0 B of its 30.5 B weights
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
     ),
 }
 

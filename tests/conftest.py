@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded model's tokenizer and small random-weight checkpoints in Hugging Face
-folders (Llama, Qwen2, Qwen3, Phi-3), made once per test session. Nothing is downloaded."""
+folders (Llama, Qwen2, Qwen3, Phi-3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE), made once per
+test session. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -52,6 +53,30 @@ def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
     return Qwen3Config(**common, head_dim=32)
 
 
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _moe_hf_config(arch: str, vocab_size: int, bos: int, eos: int):
+    """Tiny mixtures of experts: Mixtral 2 of 8 experts; Qwen2-MoE with layer 0 sparse (4 of 8, not
+    renormalised, a shared expert) and layer 1 dense (`mlp_only_layers`); Qwen3-MoE 3 of 8, renormalised."""
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(TINY, vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False)
+    experts = dict(num_experts=8, moe_intermediate_size=32)
+    if arch == "mixtral":
+        return MixtralConfig(**dict(common, intermediate_size=32), num_local_experts=8, num_experts_per_tok=2)
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(
+            **common,
+            **experts,
+            num_experts_per_tok=4,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        )
+    return Qwen3MoeConfig(**common, **experts, head_dim=32, num_experts_per_tok=3, norm_topk_prob=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
     """`tiny_model_dir(arch)` -> a folder with config.json, model.safetensors and the tokenizer."""
@@ -63,7 +88,8 @@ def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
         if arch not in made:
             torch.manual_seed(0)
             tok = embedded_tokenizer
-            cfg = _hf_config(arch, len(tok), tok.bos_token_id, tok.eos_token_id)
+            hf_config = _moe_hf_config if arch in MOE_ARCHS else _hf_config
+            cfg = hf_config(arch, len(tok), tok.bos_token_id, tok.eos_token_id)
             model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
             with torch.no_grad():  # wider weights than the default init, so that logits are not flat
                 for p in model.parameters():

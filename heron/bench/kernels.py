@@ -13,6 +13,9 @@ against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved a
 heron.kernels.gemv against cuBLAS (and cuBLASLt past 16 rows) (`bench_gemv`); --sweep searches gemv's configs per
 shape. `--decode-only [--sweep]`: the decode kernel on the `kernels` case and two offline Qwen3-8B decode steps.
 
+`python -m heron.bench.kernels --moe [--sweep] [--rows 1,4,16,...]`: the fused MoE kernels on Qwen3-30B-A3B's experts
+(`bench_moe`); --sweep searches their configs per token count.
+
 `python -m heron.bench.kernels --sampling [--sweep] [--rows 1,64,...]`: heron.kernels.sampling.sample_tokens on
 Qwen3's vocabulary (`bench_sampling`), checked bit for bit against the PyTorch reference; --sweep also times
 other warps / splits.
@@ -28,6 +31,7 @@ import torch
 from heron.bench.kernel_timing import compile_ahead, paged_batch, time_configs, time_graph
 from heron.bench.kernels_flashinfer import bench_vs_flashinfer
 from heron.bench.kernels_gemv import GEMV_ROWS, bench_gemv
+from heron.bench.kernels_moe import MOE_ROWS, bench_moe
 
 
 def _decode_call(batch: int, lens: tuple[int, int], seed: int, shape: tuple[int, int, int, int]):
@@ -219,6 +223,9 @@ def main() -> None:
         action="store_true",
         help="the decode GEMMs: heron.kernels.gemv against cuBLAS (with --sweep: search its configs)",
     )
+    ap.add_argument(
+        "--moe", action="store_true", help="the fused MoE kernels on Qwen3-30B-A3B's experts (with --sweep: tune)"
+    )
     ap.add_argument("--prefill-only", action="store_true", help="only the paged prefill kernel (with --sweep: tune it)")
     ap.add_argument("--decode-only", action="store_true", help="only the paged decode kernel (with --sweep: tune it)")
     ap.add_argument(
@@ -229,13 +236,16 @@ def main() -> None:
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
     ap.add_argument(
         "--rows",
-        help=f"with --gemv / --sampling: comma-separated row counts (default: {','.join(map(str, GEMV_ROWS))} / "
-        f"{','.join(map(str, SAMPLING_ROWS))})",
+        help=f"with --gemv / --sampling / --moe: comma-separated row counts (default: {','.join(map(str, GEMV_ROWS))}"
+        f" / {','.join(map(str, SAMPLING_ROWS))} / {','.join(map(str, MOE_ROWS))})",
     )
     args = ap.parse_args()
     if args.sampling:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else SAMPLING_ROWS
         bench_sampling(rows=rows, sweep=args.sweep)
+        return
+    if args.moe:
+        bench_moe(sweep=args.sweep, rows=tuple(int(r) for r in args.rows.split(",")) if args.rows else MOE_ROWS)
         return
     if args.gemv:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMV_ROWS

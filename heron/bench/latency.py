@@ -4,8 +4,9 @@ Decode ms per token = (last token time - first token time) / (output tokens - 1)
 metrics; output tokens/s = output tokens / the whole `generate` call (prefill included). Each of
 --num-iters runs uses a fresh prompt (no prefix-cache hits); the median run is reported, after a warm-up.
 On CUDA the roofline of a decode step is measured in the same run: it must read every weight once
-(heron/bench/roofline.py says which), so it takes at least weight bytes / copy bandwidth, and
-roofline_fraction = that time / the measured decode ms per token.
+(heron/bench/roofline.py says which; of a mixture of experts, the k experts the token picks in each layer),
+so it takes at least those weight bytes / copy bandwidth, and roofline_fraction = that time / the measured
+decode ms per token.
 
 With --prefill: a batch of --batch-size prompts (default 8) of --input-len tokens (default 2048), one output
 token each, and its prefill tokens/s and mfu (heron/bench/prefill.py).
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> dict:
         "prompt_tokens": args.input_len,
         "output_tokens": args.output_len,
         "dtype": str(dtype).removeprefix("torch."),
-        "weight_bytes": cost.decode_weight_bytes,
+        "weight_bytes": cost.step_weight_bytes(1),
     }
     rows = [
         (
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
         )
     ]
     if bandwidth is not None:
-        roof_ms = cost.decode_weight_bytes / bandwidth * 1e3
+        roof_ms = metrics["weight_bytes"] / bandwidth * 1e3
         metrics.update(
             copy_bandwidth_GBps=bandwidth / 1e9,
             roofline_ms_per_token=roof_ms,
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         rows.append(
             (
-                f"roofline ({cost.decode_weight_bytes / 1e9:.2f} GB of weights at {bandwidth / 1e9:,.0f} GB/s)",
+                f"roofline ({metrics['weight_bytes'] / 1e9:.2f} GB of weights at {bandwidth / 1e9:,.0f} GB/s)",
                 roof_ms,
                 1e3 / roof_ms,
                 None,

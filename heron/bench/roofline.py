@@ -5,9 +5,13 @@ must move, FLOPs that must be computed) give a lower bound on time: max(bytes / 
 The byte count is what any engine has to read, not what Heron happens to read:
   - weights: once per step, and there are at least max(longest output, total output / batch) steps;
     the input embedding is a row lookup, so it is not counted unless tied to the LM head (which is read);
+    of a mixture of experts' routed experts, only those a step's tokens pick: under uniform routing (each
+    token k of E experts) a step of b tokens touches E (1 - (1 - k/E)^b) of each layer's experts on average
+    (`ModelCost.weight_bytes_read`: the least over how an engine can spread the tokens over its steps);
   - KV cache: a decoding token reads the K and V of its whole context once (random prompts share nothing).
-FLOPs: 2 per weight per token through the layers, 2 per LM-head weight per sampled token, and 4 x heads x
-head_dim per (query, key) pair of causal attention.
+FLOPs: 2 per weight a token goes through in the layers (a mixture: its router, its k experts, a shared
+expert), 2 per LM-head weight per sampled token, and 4 x heads x head_dim per (query, key) pair of causal
+attention.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from heron.layers.moe import FusedMoE
 from heron.models.config import TransformerConfig
 
 
@@ -60,11 +66,14 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int | None = None, 
 class ModelCost:
     """What one token costs a model, from its shape and the engine's dtype."""
 
-    layer_params: int  # matmul weights in the decoder layers
+    layer_params: int  # matmul weights a token goes through in the decoder layers
     lm_head_params: int
-    decode_weight_bytes: int  # read by every step: all weights but an untied input embedding
+    decode_weight_bytes: int  # all weights but an untied input embedding (a dense model's step reads them all)
     kv_bytes_per_token: int  # K and V of one token over all layers
     attn_flops_per_pair: int  # one (query, key) pair of attention over all layers
+    expert_bytes: int = 0  # of decode_weight_bytes, the routed experts' (a step reads those its tokens pick)
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @classmethod
     def of(cls, model: torch.nn.Module, cfg: TransformerConfig, dtype: torch.dtype) -> ModelCost:
@@ -72,15 +81,56 @@ class ModelCost:
         tied = model.lm_head.weight is embed
         params = {id(p): p for p in model.parameters()}  # tied parameters once
         weight_bytes = sum(p.numel() * p.element_size() for p in params.values() if tied or p is not embed)
+        experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        expert_bytes = sum(p.numel() * p.element_size() for m in experts for p in m.parameters())
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+        attention = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
         return cls(
-            layer_params=cfg.num_layers * per_layer,
+            layer_params=cfg.num_layers * attention + sum(_mlp_params(cfg, i) for i in range(cfg.num_layers)),
             lm_head_params=cfg.vocab_size * cfg.hidden_size,
             decode_weight_bytes=weight_bytes,
             kv_bytes_per_token=2 * cfg.num_layers * kv * dtype.itemsize,
             attn_flops_per_pair=4 * cfg.num_layers * q,
+            expert_bytes=expert_bytes,
+            num_experts=cfg.moe.num_experts if experts else 0,
+            experts_per_token=cfg.moe.top_k if experts else 0,
         )
+
+    def step_weight_bytes(self, tokens: int) -> float:
+        """Weight bytes a decode step of `tokens` tokens reads: every weight but the routed experts, and of
+        those the expected share its tokens touch under uniform routing (an expert is missed by one token with
+        probability 1 - k/E, by all of them with that to the power `tokens`)."""
+        if not self.expert_bytes:
+            return self.decode_weight_bytes
+        missed = (1 - self.experts_per_token / self.num_experts) ** tokens
+        return self.decode_weight_bytes - self.expert_bytes * missed
+
+    def weight_bytes_read(self, outputs: list[int], batch_size: int) -> float:
+        """The least weight bytes any engine reads to sample outputs[i] tokens for each request, at most
+        `batch_size` tokens a step and one of a request. Every step reads the weights but the routed experts,
+        and there are at least max(longest output, total / batch) steps. The experts a step touches grow
+        concavely with its tokens, so the least is read with the tokens bunched into as few steps as they can
+        be: the t fullest steps of any schedule hold at most F(t) = min(batch * t, sum_i min(outputs[i], t))
+        tokens, and steps of F(t) - F(t - 1) tokens read the least (Karamata's inequality); an engine that
+        starts every request at once, when they fit in a step, runs exactly those."""
+        steps = max(max(outputs), -(-sum(outputs) // batch_size))
+        if not self.expert_bytes:
+            return steps * self.decode_weight_bytes
+        lengths = np.sort(outputs)
+        t = np.arange(1, steps + 1)
+        most = np.minimum(batch_size * t, np.cumsum(len(lengths) - np.searchsorted(lengths, t)))  # F(t)
+        touched = 1 - (1 - self.experts_per_token / self.num_experts) ** np.diff(most, prepend=0)
+        return steps * (self.decode_weight_bytes - self.expert_bytes) + self.expert_bytes * float(touched.sum())
+
+
+def _mlp_params(cfg: TransformerConfig, layer: int) -> int:
+    """The matmul weights a token goes through in a layer's MLP: a dense SwiGLU, or a mixture's router, the k
+    experts it picks, and a shared expert with its gate."""
+    h, moe = cfg.hidden_size, cfg.moe
+    if moe is None or not moe.is_sparse(layer):
+        return 3 * h * cfg.intermediate_size
+    shared = moe.shared_expert_intermediate_size
+    return h * moe.num_experts + 3 * h * moe.intermediate_size * moe.top_k + (3 * h * shared + h if shared else 0)
 
 
 @dataclass(frozen=True)
@@ -96,11 +146,10 @@ def workload_bound(
 ) -> WorkloadBound:
     """Lower bound on the time to serve requests of (prompt, output) lengths at most `batch_size` at once."""
     total_out = sum(o for _, o in lengths)
-    steps = max(max(o for _, o in lengths), -(-total_out // batch_size))
     # The first output token comes from the prompt pass; output token j = 1 .. o - 1 is fed back and
     # attends to p + j keys.
     kv_reads = sum((o - 1) * p + (o - 1) * o // 2 for p, o in lengths)
-    bytes_moved = steps * cost.decode_weight_bytes + kv_reads * cost.kv_bytes_per_token
+    bytes_moved = cost.weight_bytes_read([o for _, o in lengths], batch_size) + kv_reads * cost.kv_bytes_per_token
     tokens = sum(p + o - 1 for p, o in lengths)  # every prompt token and every fed-back output token
     pairs = sum(n * (n + 1) // 2 for n in (p + o - 1 for p, o in lengths))  # causal (query, key) pairs
     flops = 2 * cost.layer_params * tokens + 2 * cost.lm_head_params * total_out + cost.attn_flops_per_pair * pairs

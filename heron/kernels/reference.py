@@ -153,3 +153,35 @@ def paged_prefill_ref(
         s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
         out[a:e] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
     return out
+
+
+def topk_softmax_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights float32 [T, k], expert ids int32 [T, k]): softmax in float32, the k
+    largest first, rescaled to sum to one if `renormalize` (heron/kernels/fused_moe.py's `topk_softmax`)."""
+    weights, ids = logits.float().softmax(-1).topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def fused_experts_ref(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) [T, H] with w13 [E, 2I, H] ([gate | up] rows) and
+    w2 [E, H, I] (heron/kernels/fused_moe.py's `fused_experts`, with its rounding: the SwiGLU of the rounded
+    projections, the down sum times the weight rounded once, the k rows summed in float32). One matmul pair per
+    expert with tokens; reads the routing on the host (the CPU's path, and the tests')."""
+    tokens, top_k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    y = x.new_empty(tokens * top_k, w2.shape[1])
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            entries = order[start : start + n]
+            act = silu_and_mul_ref(F.linear(x[entries // top_k].float(), w13[e].float()).to(x.dtype))
+            down = F.linear(act.float(), w2[e].float())
+            y[entries] = (down * topk_weights.reshape(-1)[entries, None].float()).to(x.dtype)
+        start += n
+    return y.view(tokens, top_k, -1).float().sum(1).to(x.dtype)

@@ -123,3 +123,26 @@ class RowParallelLinear(DeviceOps):
             return default_weight_loader(param, loaded_weight)
         check_shape(loaded_weight, self.output_size, self.input_size)
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * self.local_input, self.local_input))
+
+
+class ReplicatedLinear(DeviceOps):
+    """y = x W^T + b held whole by every rank: a small projection whose whole output each rank needs (an MoE
+    router's logits, Qwen2-MoE's shared-expert gate). Through the matmul door on CUDA, F.linear elsewhere."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+        self.matmul_plans = plans_for_new_layer()
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.weight.is_cuda:
+            from heron.kernels.gemm.linear import linear
+
+            self._linear = partial(linear, plans=self.matmul_plans)
+        else:
+            self._linear = F.linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.weight, self.bias)

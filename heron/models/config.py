@@ -13,10 +13,49 @@ logger = logging.getLogger(__name__)
 _BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The sparse mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE: each token's router picks `top_k`
+    of `num_experts` SwiGLU experts (softmax, then top-k; the k weights rescaled to sum to one if `renormalize`)
+    and sums their outputs with those weights."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool  # Mixtral always; Qwen per norm_topk_prob
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token takes, gated by a sigmoid
+    mlp_only_layers: tuple[int, ...] = ()  # layers with a dense MLP (of TransformerConfig.intermediate_size)
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 (and not in mlp_only_layers)
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], arch: str) -> MoeConfig | None:
+        """None for a dense model. transformers writes Qwen3-MoE's expert count as `num_local_experts`, the
+        Qwen checkpoints as `num_experts`."""
+        num_experts = hf.get("num_local_experts") or hf.get("num_experts") or 0
+        if not num_experts:
+            return None
+        mixtral = arch.startswith("Mixtral")
+        return cls(
+            num_experts=num_experts,
+            top_k=hf["num_experts_per_tok"],
+            intermediate_size=hf["intermediate_size"] if mixtral else hf["moe_intermediate_size"],
+            renormalize=mixtral or bool(hf.get("norm_topk_prob", False)),
+            shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size") or 0,
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            decoder_sparse_step=hf.get("decoder_sparse_step") or 1,
+        )
 
 
 @dataclass(frozen=True)
@@ -38,6 +77,7 @@ class TransformerConfig:
     qk_norm: bool  # RMSNorm on each head of q and k before RoPE (Qwen3)
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    moe: MoeConfig | None = None  # the experts of a mixture-of-experts model
 
     def heads_per_rank(self, tp_size: int) -> tuple[int, int]:
         """(query heads, KV heads) of one tensor-parallel rank. The KV cache is split by KV heads, never
@@ -96,8 +136,9 @@ class TransformerConfig:
             rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
             max_position_embeddings=max_positions,
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            attention_bias=hf.get("attention_bias", arch.startswith("Qwen2")),
+            attention_bias=hf.get("attention_bias", hf.get("qkv_bias", arch.startswith("Qwen2"))),
             qk_norm=arch.startswith("Qwen3"),
             eos_token_ids=eos,
             bos_token_id=hf.get("bos_token_id"),
+            moe=MoeConfig.from_hf(hf, arch),
         )

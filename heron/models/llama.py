@@ -13,6 +13,7 @@ the vocabulary, and loads its slices of the full checkpoint tensors.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -100,10 +101,16 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rope, backend) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(cfg, i, rope, backend) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.materialize()
+
+    def decoder_layer(
+        self, cfg: TransformerConfig, index: int, rope: RotaryEmbedding, backend: AttentionBackend
+    ) -> nn.Module:
+        """Layer `index` of the stack (a family whose layers differ overrides this)."""
+        return LlamaDecoderLayer(cfg, rope, backend)
 
     def materialize(self) -> None:
         """Tie the LM head to the embedding (again: moving off the `meta` device unties them)."""
@@ -135,10 +142,7 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
-            piece = next((p for p in self.stacked if f".{p}." in name), None)
-            target, shard = (
-                (name, None) if piece is None else (name.replace(piece, self.stacked[piece][0]), self.stacked[piece][1])
-            )
+            target, shard = self.checkpoint_target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")
             module = self.get_submodule(target.rpartition(".")[0])
@@ -151,7 +155,15 @@ class LlamaForCausalLM(nn.Module):
         if missing := expected - loaded:
             raise ValueError(f"checkpoint is missing tensors for: {sorted(n for n, _ in missing)[:5]}")
 
-    def _shard_ids(self, name: str) -> list[int | None]:
+    def checkpoint_target(self, name: str) -> tuple[str, Any]:
+        """A checkpoint tensor's (parameter name, shard id): a separate matrix goes into its part of a fused
+        parameter (`stacked`), anything else whole (None)."""
+        piece = next((p for p in self.stacked if f".{p}." in name), None)
+        if piece is None:
+            return name, None
+        return name.replace(piece, self.stacked[piece][0]), self.stacked[piece][1]
+
+    def _shard_ids(self, name: str) -> list[Any]:
         """The parts a checkpoint fills a parameter from: one per fused matrix, else the whole."""
         module = self.get_submodule(name.rpartition(".")[0])
         if isinstance(module, ColumnParallelLinear) and len(module.output_sizes) > 1:

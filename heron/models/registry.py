@@ -5,16 +5,22 @@ from __future__ import annotations
 from torch import nn
 
 from heron.models.llama import LlamaForCausalLM
+from heron.models.mixtral import MixtralForCausalLM
 from heron.models.phi3 import Phi3ForCausalLM
 from heron.models.qwen2 import Qwen2ForCausalLM
+from heron.models.qwen2_moe import Qwen2MoeForCausalLM
 from heron.models.qwen3 import Qwen3ForCausalLM
+from heron.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

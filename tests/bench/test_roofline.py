@@ -1,6 +1,10 @@
+import dataclasses
+import itertools
+
 import pytest
 import torch
 
+from heron.attention.torch_ref import TorchAttentionBackend
 from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, prefill_flops, workload_bound
 from heron.models.config import TransformerConfig
 
@@ -72,3 +76,52 @@ def test_prefill_flops_count_the_lm_head_once_per_prompt():
     matmul, attention = prefill_flops(cost, [3, 5])
     assert matmul == 2 * 1000 * 8 + 2 * 100 * 2
     assert attention == 7 * (1 + 2 + 3 + 1 + 2 + 3 + 4 + 5)  # query i attends to keys 1..i
+
+
+def _moe_cost(**experts) -> ModelCost:
+    return ModelCost(
+        layer_params=0,
+        lm_head_params=0,
+        decode_weight_bytes=1000,
+        kv_bytes_per_token=0,
+        attn_flops_per_pair=0,
+        **experts,
+    )
+
+
+def test_a_moe_step_reads_the_experts_its_tokens_touch():
+    from heron.models.config import MoeConfig
+    from heron.models.registry import get_model_cls
+
+    moe = MoeConfig(num_experts=8, top_k=2, intermediate_size=8, renormalize=False, shared_expert_intermediate_size=4)
+    cfg = dataclasses.replace(
+        CFG, architecture="Qwen2MoeForCausalLM", moe=dataclasses.replace(moe, mlp_only_layers=(1,))
+    )
+    with torch.device("meta"):
+        model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, 4, 1.0))
+    cost = ModelCost.of(model, cfg, torch.float32)
+    experts = 8 * 3 * 16 * 8 * 4  # layer 0's stacked experts, float32; layer 1 is dense
+    assert cost.expert_bytes == experts and (cost.num_experts, cost.experts_per_token) == (8, 2)
+    attention = 16 * (16 + 2 * 8) + 16 * 16
+    sparse = 16 * 8 + 3 * 16 * 8 * 2 + 3 * 16 * 4 + 16  # router, 2 experts, the shared expert and its gate
+    assert cost.layer_params == 2 * attention + sparse + 3 * 16 * 32
+    assert cost.step_weight_bytes(1) == cost.decode_weight_bytes - experts * 6 / 8  # 2 of 8 experts read
+    assert cost.step_weight_bytes(1000) == pytest.approx(cost.decode_weight_bytes)  # every expert, nearly surely
+    assert ModelCost.of(_Tiny(False), CFG, torch.float32).step_weight_bytes(1) == (16 * 16 + 100 * 16) * 4
+
+
+def _schedules(outputs: list[int], steps: int, batch: int):
+    """Every way to give request i outputs[i] of `steps` steps, at most `batch` requests a step: tokens a step."""
+    for picks in itertools.product(*(itertools.combinations(range(steps), o) for o in outputs)):
+        tokens = [sum(s in p for p in picks) for s in range(steps)]
+        if max(tokens) <= batch:
+            yield tokens
+
+
+@pytest.mark.parametrize("outputs, batch", [([3, 1, 2], 2), ([4, 4, 1, 2, 3], 3), ([2, 5, 1], 4), ([3, 3], 1)])
+def test_moe_weight_bytes_are_the_least_any_schedule_reads(outputs, batch):
+    cost = _moe_cost(expert_bytes=800, num_experts=8, experts_per_token=2)
+    steps = max(max(outputs), -(-sum(outputs) // batch))
+    least = min(sum(map(cost.step_weight_bytes, s)) for s in _schedules(outputs, steps, batch))  # (no step is empty)
+    assert cost.weight_bytes_read(outputs, batch) == pytest.approx(least)
+    assert _moe_cost().weight_bytes_read(outputs, batch) == steps * 1000  # dense: every step reads every weight

@@ -48,7 +48,7 @@ def hf_tiny(tiny_model_dir):
     return get
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_greedy_matches_transformers_on_a_mixed_batch(arch, hf_tiny):
     model, tok, path = hf_tiny(arch)
     llm = LLM(path, kv_cache_memory=32 << 20)
@@ -56,7 +56,7 @@ def test_greedy_matches_transformers_on_a_mixed_batch(arch, hf_tiny):
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model, tok, PROMPTS, 12)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_fp32_logits_match_transformers(arch, hf_tiny):
     model, tok, path = hf_tiny(arch)
     llm = LLM(path, kv_cache_memory=32 << 20)

@@ -1,6 +1,6 @@
-"""Llama and Qwen3 split over two gloo ranks give the logits of the whole model (float32), through a
-prefill batch and a decode step over each rank's half of the KV cache; head counts that do not divide
-are refused with a message that names them."""
+"""Llama, Qwen3 and Qwen2-MoE (its experts split by their intermediate dim, a shared expert) split over two gloo
+ranks give the logits of the whole model (float32), through a prefill batch and a decode step over each rank's
+half of the KV cache; head counts that do not divide are refused with a message that names them."""
 
 from __future__ import annotations
 
@@ -91,7 +91,9 @@ def _tp_logits(
 
 
 @pytest.mark.parametrize(
-    "arch, tied, vocab_size", [("llama", False, 49152), ("qwen3", True, 49151)], ids=["llama", "qwen3-tied-odd-vocab"]
+    "arch, tied, vocab_size",
+    [("llama", False, 49152), ("qwen3", True, 49151), ("qwen2_moe", False, 49152)],
+    ids=["llama", "qwen3-tied-odd-vocab", "qwen2_moe"],
 )
 def test_two_ranks_give_the_logits_of_one(arch, tied, vocab_size, tiny_model_dir, spawn_ranks):
     path = tiny_model_dir(arch)

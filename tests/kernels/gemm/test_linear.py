@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from heron.attention import AttentionMetadata
 from heron.attention.torch_ref import TorchAttentionBackend
-from heron.kernels import activation, gemv, reference, rmsnorm, rope
+from heron.kernels import activation, fused_moe, gemv, reference, rmsnorm, rope
 from heron.kernels.gemm import blas
 from heron.kernels.gemm import linear as door
 from heron.models.config import TransformerConfig
@@ -50,6 +50,8 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "apply_rope_and_cache": ((rope,), reference.apply_rope_and_cache_ref),
     "blas_linear": ((door,), lambda x, w, b=None, plans=None: F.linear(x, w, b)),
     "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
+    "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
+    "fused_experts": ((fused_moe,), reference.fused_experts_ref),
 }
 
 
@@ -92,21 +94,11 @@ def _step(model, cfg, rows: int, decode: bool):
     return model.compute_logits(hidden[qsl[1:].long() - 1])
 
 
-@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
-def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
-    hf = dict(
-        architectures=[arch],
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+def _on_fake_cuda(hf: dict):
+    """The model of config dict `hf` with random bf16 weights, "moved to CUDA", with KV caches."""
     cfg = TransformerConfig.from_hf(hf)
     torch.manual_seed(0)
-    model = get_model_cls(arch)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
+    model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
@@ -117,6 +109,23 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     for layer in model.layers:
         layer.self_attn.kv_cache = _fake(torch.zeros(2, 17 * 8, 4, 2, cfg.head_dim, dtype=torch.bfloat16))
+    return model, cfg
+
+
+HF = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
+    model, cfg = _on_fake_cuda(dict(HF, architectures=[arch]))
     fused = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
     unfused = ["rms_norm", "blas_linear", "apply_rope_and_cache", "blas_linear", "fused_add_rms_norm", "blas_linear"]
     unfused += ["silu_and_mul", "blas_linear"]
@@ -131,3 +140,18 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
             logits = _step(model, cfg, rows, decode)
             assert launches == layers + head, (rows, decode)
             assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
+
+
+def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(launches):
+    """Qwen3-MoE: layer 0 sparse (the router through the matmul door, then routing and the grouped GEMMs),
+    layer 1 dense (mlp_only_layers)."""
+    hf = dict(HF, architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=2, mlp_only_layers=[1])
+    model, cfg = _on_fake_cuda(dict(hf, moe_intermediate_size=32, norm_topk_prob=True))
+    attention = ["gemv_rms_norm", "apply_rope_and_cache", "gemv"]
+    sparse = [*attention, "fused_add_rms_norm", "gemv", "topk_softmax", "fused_experts"]
+    dense = [*attention, "gemv_rms_norm", "gemv_silu_mul"]
+    with torch.inference_mode():
+        launches.clear()
+        logits = _step(model, cfg, 4, decode=True)
+    assert launches == sparse + dense + ["fused_add_rms_norm", "gemv"]
+    assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
