@@ -46,26 +46,37 @@ class ServingInfo:
     max_model_len: int
     tokenizer: object  # a transformers tokenizer (picklable), or None
     generation_defaults: dict
+    vocab_size: int  # the model's (token ids and logit_bias keys must be below it)
+    max_num_seqs: int  # a request's n samples must fit in one batch
 
 
-def run_engine_core(config: EngineConfig, commands: Connection, events: Connection) -> None:
+def run_engine_core(
+    config: EngineConfig, commands: Connection, events: Connection, cpu_threads: int | None = None
+) -> None:
     """The engine process's main: load, announce, then serve the pipes until told to stop or the API
-    process goes away (end of file)."""
+    process goes away (end of file). `cpu_threads`: torch's thread count here (None: torch's default)."""
+    import torch
+
     from heron.engine.llm_engine import LLMEngine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
     # Ctrl-C reaches the whole process group: the API process decides when the engine stops (it drains
     # requests first), and tells it with "shutdown" or by closing the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = None
     try:
         engine = LLMEngine(config)
-        events.send(
-            (
-                "ready",
-                ServingInfo(engine.model_name, engine.max_model_len, engine.tokenizer, engine.generation_defaults),
-            )
+        info = ServingInfo(
+            engine.model_name,
+            engine.max_model_len,
+            engine.tokenizer,
+            engine.generation_defaults,
+            engine.model_cfg.vocab_size,
+            config.scheduler.max_num_seqs,
         )
+        events.send(("ready", info))
         _serve(engine, commands, events)
     except (EOFError, BrokenPipeError):
         return
@@ -94,6 +105,7 @@ def _serve(engine, commands: Connection, events: Connection) -> None:
                 continue
             _, rid, prompt, prompt_ids, params, priority, add_special = msg
             try:
+                params.verify_vocab(engine.model_cfg.vocab_size)
                 engine.add_request(
                     rid,
                     prompt,
