@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
-from heron.config import EngineConfig
+from heron.config import EngineConfig, resolve_device
 from heron.entrypoints.engine_args import add_engine_args, engine_config
+from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -57,15 +61,36 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-waiting-requests",
-        type=int,
+        type=_positive,
         default=None,
-        help="answer 503 while this many accepted requests are still waiting for their first token (default: no limit)",
+        help="answer 503 (with Retry-After) while this many accepted prompts, over all endpoints, are still "
+        "waiting for their first token (default: no limit)",
+    )
+    g.add_argument(
+        "--max-seqs-per-request",
+        type=_positive,
+        default=DEFAULT_MAX_SEQS_PER_REQUEST,
+        help="prompts x n that one request may ask for (400 beyond); n is also at most --max-num-seqs",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=_positive,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="answer 413 to a larger request body, without reading the rest of it",
+    )
+    g.add_argument(
+        "--cpu-threads",
+        type=_positive,
+        default=None,
+        help="torch threads of the engine process when it runs on the CPU (default: $OMP_NUM_THREADS if set, "
+        "else min(4, cores - 1), leaving a core to the HTTP side)",
     )
     g.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM/SIGINT, seconds that in-flight requests get to finish before they are aborted",
+        help="on SIGTERM/SIGINT, seconds that in-flight requests get to finish; then a stream ends with an "
+        "error event and [DONE], a plain request with 503",
     )
     g.add_argument(
         "--uvicorn-log-level",
@@ -87,6 +112,30 @@ def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
         template = Path(template).read_text()
     names = args.served_model_name
     return engine_config(args, chat_template=template, served_model_name=names[0] if names else None)
+
+
+def engine_cpu_threads(args: argparse.Namespace, config: EngineConfig) -> int | None:
+    """Torch's thread count for the engine process on the CPU (None on a GPU: torch's default), chosen
+    deliberately: torch's default of one thread per core makes the engine's threads fight the HTTP side
+    (and each other, on a busy machine) for cores, and a descheduled thread stalls every step."""
+    if resolve_device(config.device).type != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if args.cpu_threads is not None:
+        threads, why = args.cpu_threads, "--cpu-threads"
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        threads, why = int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+    else:
+        threads, why = max(1, min(4, cores - 1)), f"the default min(4, cores - 1) of {cores} cores"
+    logger.info("The engine runs torch on %d CPU thread(s) (%s; set --cpu-threads to change it)", threads, why)
+    return threads
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def api_keys(args: argparse.Namespace) -> list[str]:

@@ -11,7 +11,6 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from heron.engine.async_llm import EngineDeadError
 from heron.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChunk,
@@ -25,7 +24,15 @@ from heron.entrypoints.openai.protocol import (
     DeltaMessage,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing, last, sse, sse_error, until_disconnected
+from heron.entrypoints.openai.serving_engine import (
+    ApiError,
+    ClientDisconnected,
+    OpenAIServing,
+    api_error,
+    last,
+    sse,
+    until_disconnected,
+)
 from heron.outputs import Logprobs, RequestOutput
 
 
@@ -56,7 +63,12 @@ class OpenAIServingChat(OpenAIServing):
         )
         if req.stream:
             return StreamingResponse(self._stream(request_id, model, req, stream), media_type="text/event-stream")
-        out: RequestOutput = await until_disconnected(raw, last(stream))
+        try:
+            out: RequestOutput = await until_disconnected(raw, last(stream))
+        except ClientDisconnected:
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown
+            raise api_error(e) from None
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,
@@ -115,8 +127,8 @@ class OpenAIServingChat(OpenAIServing):
                         )
             if req.stream_options is not None and req.stream_options.include_usage and out is not None:
                 yield chunk([], usage=_usage(out))
-        except EngineDeadError as e:
-            yield sse_error(e)
+        except Exception as e:  # noqa: BLE001 - the status line is long gone: the error is an event
+            yield api_error(e).event()
         yield sse("[DONE]")
 
     def _logprobs(self, token_ids: list[int], lps: list[Logprobs] | None, k: int) -> ChatChoiceLogprobs:

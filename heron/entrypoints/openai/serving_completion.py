@@ -11,7 +11,6 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from heron.engine.async_llm import EngineDeadError
 from heron.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -21,11 +20,12 @@ from heron.entrypoints.openai.protocol import (
 )
 from heron.entrypoints.openai.serving_engine import (
     ApiError,
+    ClientDisconnected,
     OpenAIServing,
+    api_error,
     last,
     merge,
     sse,
-    sse_error,
     until_disconnected,
 )
 from heron.outputs import Logprobs, RequestOutput
@@ -46,7 +46,12 @@ class OpenAIServingCompletion(OpenAIServing):
         head = CompletionResponse(id=request_id, model=model, choices=[])
         if req.stream:
             return StreamingResponse(self._stream(head, req, streams), media_type="text/event-stream")
-        finals: list[RequestOutput] = await until_disconnected(raw, asyncio.gather(*map(last, streams)))
+        try:
+            finals: list[RequestOutput] = await until_disconnected(raw, asyncio.gather(*map(last, streams)))
+        except ClientDisconnected:
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown, a later prompt rejected
+            raise api_error(e) from None
         choices = []
         for i, out in enumerate(finals):
             for c in out.outputs:
@@ -111,8 +116,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if req.stream_options is not None and req.stream_options.include_usage:
                 usage = _usage([latest[i] for i in sorted(latest)])
                 yield sse(head.model_copy(update={"usage": usage}).model_dump_json())
-        except EngineDeadError as e:
-            yield sse_error(e)
+        except Exception as e:  # noqa: BLE001 - the status line is long gone: the error is an event
+            yield api_error(e).event()
         yield sse("[DONE]")
 
     def _prompt_text(self, out: RequestOutput) -> str:

@@ -1,25 +1,39 @@
-"""What completions and chat share: model names, errors, sampling parameters, admission, client
-disconnects, and the latency metrics taken as outputs stream by.
+"""What completions and chat share: model names, errors, sampling parameters, a request's size and
+admission, client disconnects, and the latency metrics taken as outputs stream by.
 
-A request is started before any response is sent: its first output is awaited, so that everything the
-engine rejects (a prompt too long, max_tokens that cannot fit) is a clean 400 and never an error in the
-middle of an event stream. From then on the caller owns one async iterator of cumulative outputs per
-prompt; closing it, or being cancelled, aborts the request in the engine and frees its blocks."""
+A request is checked, and accepted by the engine, before any response is sent: what the engine rejects (a
+prompt too long, max_tokens that cannot fit) is a clean 400, not an error inside an event stream, and a
+stream's headers go out as soon as its requests are queued, before their first token. From then on the
+caller owns one async iterator of cumulative outputs per prompt; closing it, or being cancelled, aborts the
+request in the engine and frees its blocks.
+
+Fairness: a request's prompts enter the engine at most WAITING_PER_REQUEST at a time (the next one when
+one of them has its first token), so that a request of many prompts queues behind a later small request
+by a few prompts at most instead of all of them. Only the first ones are checked before the response:
+a later prompt the engine rejects fails a plain request with a 400 and a stream with an error event."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import aclosing
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
-from heron.engine.async_llm import AsyncLLM, EngineDeadError
-from heron.entrypoints.openai.protocol import ChatMessageParam, ErrorInfo, ErrorResponse, SamplingRequest
+from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError, RequestStream
+from heron.entrypoints.openai.admission import RETRY_AFTER_S, Admission, Overloaded, Ticket
+from heron.entrypoints.openai.limits import RequestLimits
+from heron.entrypoints.openai.protocol import (
+    ChatMessageParam,
+    ErrorInfo,
+    ErrorResponse,
+    SamplingRequest,
+)
 from heron.metrics import ServerMetrics
 from heron.outputs import Logprobs, RequestOutput
 from heron.sampling_params import SamplingParams
@@ -28,32 +42,80 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+WAITING_PER_REQUEST = 8
+_SAMPLING_FIELDS = frozenset(SamplingRequest.model_fields)
+
 
 class ApiError(Exception):
     """An error answered with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
-    def response(self) -> JSONResponse:
+    def body(self) -> str:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
-        return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=self.status)
+        # ASCII JSON: text quoted from a request (a stray surrogate, say) can always be sent.
+        return json.dumps(ErrorResponse(error=info).model_dump())
+
+    def response(self) -> Response:
+        return Response(self.body(), status_code=self.status, headers=self.headers, media_type="application/json")
+
+    def event(self) -> str:
+        """The error as a server-sent event, for a stream whose status line is long gone."""
+        return sse(self.body())
 
 
 class ClientDisconnected(Exception):
     """The client hung up before the answer was ready; nobody is left to answer."""
 
 
+def api_error(e: BaseException, prompt_param: str = "prompt", max_tokens_param: str = "max_tokens") -> ApiError:
+    """The API's answer to what a request raised: the engine's rejection (its message starts with the field
+    at fault), the engine's death, the server's shutdown or overload; anything else is a 500."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, ValueError):
+        field = str(e).split(" ", 1)[0]
+        param = max_tokens_param if field == "max_tokens" else field if field in _SAMPLING_FIELDS else prompt_param
+        return ApiError(400, str(e), param=param)
+    if isinstance(e, EngineDeadError):
+        return ApiError(503, f"{e}; the server is exiting so that its supervisor restarts it.", code="engine_dead")
+    if isinstance(e, RequestAbortedError):
+        return ApiError(503, str(e), code="server_shutting_down")
+    if isinstance(e, Overloaded):
+        return ApiError(503, str(e), code="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+    log_internal_error(e)
+    return ApiError(500, f"Internal server error: {type(e).__name__}", code="internal_error")
+
+
+_seen_errors: set[tuple] = set()
+
+
+def log_internal_error(e: BaseException) -> None:
+    """One line per failed request; the traceback only the first time a given place fails."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = (type(e), tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb is not None else (type(e),)
+    if where in _seen_errors or len(_seen_errors) >= 1000:
+        logger.error("Internal server error: %r", e)
+    else:
+        _seen_errors.add(where)
+        logger.error("Internal server error: %r (traceback shown once per place)", e, exc_info=e)
+
+
 def sse(data: str) -> str:
     """One server-sent event."""
     return f"data: {data}\n\n"
-
-
-def sse_error(e: EngineDeadError) -> str:
-    """The engine died mid-stream: the status line is long gone, so the error travels as an event."""
-    return sse(ApiError(503, str(e), code="engine_dead").response().body.decode())
 
 
 async def until_disconnected(raw: Request, work: Awaitable[T]) -> T:
@@ -120,16 +182,17 @@ class OpenAIServing:
         engine: AsyncLLM,
         served_model_names: list[str],
         metrics: ServerMetrics,
-        max_waiting_requests: int | None = None,
+        admission: Admission,
+        limits: RequestLimits,
         log_requests: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
         self.metrics = metrics
-        self.max_waiting_requests = max_waiting_requests
+        self.admission = admission
+        self.limits = limits
         self.log_requests = log_requests
-        self.num_waiting = 0  # requests accepted here that have no output yet; bounded by --max-waiting-requests
         self._generation_defaults = engine.generation_defaults
 
     def model_name(self, asked: str | None) -> str:
@@ -153,12 +216,6 @@ class OpenAIServing:
         where the request calls it otherwise, as chat does max_completion_tokens)."""
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
-        try:
-            logit_bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
-        except ValueError:
-            raise ApiError(400, "logit_bias keys must be token ids.", param="logit_bias") from None
-        if any(not -100 <= v <= 100 for v in logit_bias.values()):
-            raise ApiError(400, "logit_bias values must be in [-100, 100].", param="logit_bias")
         defaults = self._generation_defaults
 
         def pick(name: str, value):
@@ -182,7 +239,7 @@ class OpenAIServing:
                 min_tokens=req.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
-                logit_bias=logit_bias or None,
+                logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
             )
@@ -201,77 +258,102 @@ class OpenAIServing:
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
     ) -> list[AsyncIterator[RequestOutput]]:
-        """Submit one engine request per prompt and wait for each one's first output. The engine's
-        rejections become 400s naming `prompt_param` or `max_tokens_param`."""
-        limit = self.max_waiting_requests
-        if limit is not None and self.num_waiting + len(prompts) > limit:
-            raise ApiError(
-                503,
-                f"The server is overloaded: {self.num_waiting} requests are waiting "
-                f"(--max-waiting-requests {limit}). Retry later.",
-                code="server_overloaded",
-            )
-        streams = [
-            self._generate(f"{request_id}-{i}", p, params, priority, add_special_tokens) for i, p in enumerate(prompts)
-        ]
-        tasks = [asyncio.ensure_future(anext(s)) for s in streams]
+        """Check the request's size, take its places in the waiting queue (503 when full), submit its
+        first prompts and return once the engine has accepted them: one iterator of outputs per prompt."""
+        if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
+            field, why = too_many
+            raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
+        for p in prompts:
+            if isinstance(p, str) and (why := self.limits.check_text(p)) is not None:
+                raise ApiError(400, why, param=prompt_param)
         try:
-            await until_disconnected(raw, asyncio.gather(*tasks))
-        except BaseException as e:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for s in streams:
-                await s.aclose()
-            if isinstance(e, ValueError):  # the engine's messages start with the field they are about
-                field = str(e).split(" ", 1)[0]
-                param = {"max_tokens": max_tokens_param, "n": "n"}.get(field, prompt_param)
-                raise ApiError(400, str(e), param=param) from None
-            if isinstance(e, EngineDeadError):
-                raise ApiError(503, str(e), code="engine_dead") from None
-            raise
-        return [_prepend(t.result(), s) for t, s in zip(tasks, streams)]
-
-    async def _generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int, add_special_tokens: bool
-    ) -> AsyncIterator[RequestOutput]:
-        """engine.generate plus the server's bookkeeping: the waiting count, latencies, request logs."""
+            tickets = self.admission.admit(len(prompts))
+        except Overloaded as e:
+            raise api_error(e) from None
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         if self.log_requests:
-            logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
-        self.num_waiting += 1
-        waiting = True
-        sent, sent_at = 0, 0.0
+            for rid, p in zip(ids, prompts):
+                logger.info("Received request %s: prompt: %r, params: %s", rid, p, params)
+        submit = functools.partial(
+            self.engine.add_request, params=params, priority=priority, add_special_tokens=add_special_tokens
+        )
+        head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:
-            async with aclosing(
-                self.engine.generate(
-                    prompt, params, request_id, priority=priority, add_special_tokens=add_special_tokens
-                )
-            ) as outputs:
-                async for out in outputs:
-                    if waiting:
-                        self.num_waiting -= 1
-                        waiting = False
-                    m = out.metrics
-                    n = len(out.outputs[0].token_ids)
-                    if sent and n > sent and m.last_token_time is not None:
-                        self.metrics.observe_tokens(n - sent, m.last_token_time - sent_at)
-                    sent, sent_at = n, m.last_token_time or 0.0
-                    if out.finished:
-                        self.metrics.observe_finished(m)
-                        if self.log_requests:
-                            logger.info(
-                                "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]
-                            )
-                    yield out
+            accepted: list[RequestStream] = await until_disconnected(raw, asyncio.gather(*head))
+        except BaseException as e:
+            for t in head:
+                t.cancel()
+            for r in await asyncio.gather(*head, return_exceptions=True):
+                if isinstance(r, RequestStream):
+                    r.close()
+            for t in tickets:
+                t.release()
+            if isinstance(e, Exception) and not isinstance(e, ClientDisconnected):
+                raise api_error(e, prompt_param, max_tokens_param) from None
+            raise
+        turns = asyncio.Semaphore(0)  # a later prompt enters the engine when an earlier one has its first token
+        streams = [self._track(rid, s, t, turns) for rid, s, t in zip(ids, accepted, tickets)]
+        for rid, p, t in zip(ids[len(head) :], prompts[len(head) :], tickets[len(head) :]):
+            streams.append(self._deferred(rid, functools.partial(submit, p, request_id=rid), t, turns))
+        return streams
+
+    async def _deferred(
+        self, request_id: str, submit, ticket: Ticket, turns: asyncio.Semaphore
+    ) -> AsyncIterator[RequestOutput]:
+        try:
+            await turns.acquire()
+            stream = await submit()
+        except BaseException:
+            ticket.release()
+            turns.release()
+            raise
+        async with aclosing(self._track(request_id, stream, ticket, turns)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def _track(
+        self, request_id: str, stream: RequestStream, ticket: Ticket, turns: asyncio.Semaphore
+    ) -> AsyncIterator[RequestOutput]:
+        """An accepted request's outputs plus the server's bookkeeping: its place in the waiting queue and its
+        turn are given back at the first output, latencies observed, requests logged."""
+        sent, sent_at = 0, 0.0
+        waiting = True
+        try:
+            async for out in stream:
+                if waiting:
+                    waiting = False
+                    ticket.release()
+                    turns.release()
+                m = out.metrics
+                n = len(out.outputs[0].token_ids)
+                if sent and n > sent and m.last_token_time is not None:
+                    self.metrics.observe_tokens(n - sent, m.last_token_time - sent_at)
+                sent, sent_at = n, m.last_token_time or 0.0
+                if out.finished:
+                    self.metrics.observe_finished(m)
+                    if self.log_requests:
+                        logger.info(
+                            "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]
+                        )
+                yield out
         finally:
+            stream.close()
             if waiting:
-                self.num_waiting -= 1
+                ticket.release()
+                turns.release()
 
     def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template)."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(
                 400, "This model has no chat template; start the server with --chat-template.", param="messages"
+            )
+        if len(messages) > self.limits.max_model_len:
+            raise ApiError(
+                400,
+                f"There are {len(messages)} messages: more than max_model_len ({self.limits.max_model_len}) tokens "
+                "could hold.",
+                param="messages",
             )
         conversation = []
         for m in messages:
@@ -301,10 +383,3 @@ class OpenAIServing:
     def top_logprobs(self, lps: Logprobs, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens of a position (its dict holds the sampled token and the top k)."""
         return sorted(lps.items(), key=lambda kv: -kv[1])[:k]
-
-
-async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    async with aclosing(rest):
-        yield first
-        async for item in rest:
-            yield item
