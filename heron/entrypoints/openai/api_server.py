@@ -142,7 +142,7 @@ def _ready(raw: Request) -> ServerState:
     return s
 
 
-@router.get("/health", responses={503: {"model": ErrorResponse}})
+@router.get("/health", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
 async def health(raw: Request) -> Response:
     """200 once the model is loaded and the engine runs; 503 before, and after the engine died."""
     _ready(raw)
@@ -270,11 +270,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     names = args.served_model_name or [args.model or EMBEDDED_NAME]
+    admission = Admission(args.max_waiting_requests)
     state = ServerState(
         args=args,
         served_model_names=names,
-        metrics=ServerMetrics(names[0], lambda: state.engine.get_stats() if state.engine else None),
-        admission=Admission(args.max_waiting_requests),
+        metrics=ServerMetrics(
+            names[0], lambda: state.engine.get_stats() if state.engine else None, lambda: admission.waiting
+        ),
+        admission=admission,
     )
     cpu_threads = engine_cpu_threads(args, config)
 
@@ -331,7 +334,7 @@ def _openapi(app: FastAPI, state: ServerState) -> dict:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     if state.limits is not None:
-        state.limits.annotate(schema)
+        state.limits.annotate(schema, state.served_model_names)
         app.openapi_schema = schema
     return schema
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heron.engine.engine_core import ServingInfo
+from heron.sampling_params import INT64_MAX, INT64_MIN
 
 DEFAULT_MAX_SEQS_PER_REQUEST = 128
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
@@ -52,15 +53,21 @@ class RequestLimits:
             )
         return None
 
-    def annotate(self, schema: dict) -> None:
-        """Write these limits into an OpenAPI schema of protocol.py's models (in place)."""
+    def annotate(self, schema: dict, model_names: list[str]) -> None:
+        """Write these limits, and the model names served, into an OpenAPI schema of protocol.py's models (in
+        place)."""
         models = schema["components"]["schemas"]
+        for name in ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest"):
+            _set(models[name]["properties"]["model"], enum=model_names)
         text = {"type": "string", "minLength": 1, "maxLength": self.max_prompt_chars}
         token_id = {"type": "integer", "minimum": 0, "maximum": self.vocab_size - 1}
         token_ids = {"type": "array", "items": token_id, "minItems": 1, "maxItems": self.max_model_len - 1}
         max_tokens = {"maximum": self.max_model_len - 1}
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             props = models[name]["properties"]
+            # FastAPI's OpenAPI model holds bounds as floats, and float(2**63 - 1) is 2**63: the exact ones.
+            for field in ("seed", "priority"):
+                _set(props[field], minimum=INT64_MIN, maximum=INT64_MAX)
             _set(props["n"], maximum=self.max_n)
             _set(props["min_tokens"], maximum=self.max_model_len - 1)
             _set(props["max_tokens"], **max_tokens)

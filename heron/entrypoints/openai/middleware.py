@@ -6,6 +6,7 @@ import hmac
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from heron.entrypoints.openai.serving_engine import ApiError, log_internal_error
@@ -34,6 +35,8 @@ class InternalErrorMiddleware:
 
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:
+            pass  # nobody is left to answer, and nothing went wrong here
         except Exception as e:  # noqa: BLE001 - this is the last place that can answer
             log_internal_error(e)
             if not started:

@@ -13,10 +13,18 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
 
-from heron.sampling_params import INT64_MAX, INT64_MIN, LOGIT_BIAS, MAX_LOGPROBS, RANGES, TOKEN_ID
+from heron.sampling_params import INT64_MAX, INT64_MIN, LOGIT_BIAS, RANGES, TOKEN_ID
 
 MAX_STOP = 64  # stop strings per request: each is searched for in every new piece of text
 MAX_STOP_CHARS = 1024
@@ -24,13 +32,26 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 256  # entries: the sampler builds each one per step in Python
 
 
-def bounded(name: str, default: Any, **extra) -> Any:
-    """A Field with SamplingParams' range for `name`."""
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(low: int, high: int) -> Any:
+    """An integer in [low, high], also when JSON writes it 4.0 (JSON Schema's integers include those, and so
+    does vLLM), but never a bool or a string. (The range sits inside the type, so that `integer(...) | None`
+    states it in the JSON schema.)"""
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_integral)]
+
+
+def ranged(name: str) -> Any:
+    """The type of SamplingParams' field `name`, with its range."""
     r = RANGES[name]
-    return Field(default, **{"gt" if r.low_open else "ge": r.low, "le": r.high}, **extra)
+    if r.integer:
+        return integer(r.low, r.high)
+    return Annotated[float, Field(**{"gt" if r.low_open else "ge": r.low, "le": r.high})]
 
 
-TokenId = Annotated[int, Field(ge=TOKEN_ID.low, le=TOKEN_ID.high)]
+TokenId = integer(TOKEN_ID.low, TOKEN_ID.high)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -103,30 +124,30 @@ class SamplingRequest(RequestModel):
     back to the model's generation_config, then to `SamplingParams`' defaults."""
 
     model: str | None = Field(None, description="A served model name; the first one if omitted.")
-    n: int = bounded("n", 1, description="Samples per prompt; prompts x n at most --max-seqs-per-request.")
-    frequency_penalty: float = bounded("frequency_penalty", 0.0)
-    presence_penalty: float = bounded("presence_penalty", 0.0)
+    n: ranged("n") = Field(1, description="Samples per prompt; prompts x n at most --max-seqs-per-request.")
+    frequency_penalty: ranged("frequency_penalty") = 0.0
+    presence_penalty: ranged("presence_penalty") = 0.0
     logit_bias: dict[LogitBiasKey, LogitBiasValue] | None = Field(
         None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> bias in [-100, 100]."
     )
-    seed: int | None = bounded("seed", None)
+    seed: ranged("seed") | None = None
     stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = bounded("temperature", None)
-    top_p: float | None = bounded("top_p", None)
+    temperature: ranged("temperature") | None = None
+    top_p: ranged("top_p") | None = None
     user: str | None = None
     # Extras beyond OpenAI's schema, named as in vLLM.
-    top_k: int | None = bounded("top_k", None, description="Sample from the k most likely tokens; -1 or 0: all.")
-    min_p: float = bounded("min_p", 0.0)
-    repetition_penalty: float | None = bounded("repetition_penalty", None)
-    min_tokens: int = bounded("min_tokens", 0)
+    top_k: ranged("top_k") | None = Field(None, description="Sample from the k most likely tokens; -1 or 0: all.")
+    min_p: ranged("min_p") = 0.0
+    repetition_penalty: ranged("repetition_penalty") | None = None
+    min_tokens: ranged("min_tokens") = 0
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = Field(
-        0, ge=INT64_MIN, le=INT64_MAX, description="Lower runs first under --scheduling-policy priority."
+    priority: integer(INT64_MIN, INT64_MAX) = Field(
+        0, description="Lower runs first under --scheduling-policy priority."
     )
 
 
@@ -141,10 +162,11 @@ class CompletionRequest(SamplingRequest):
     prompt: (
         Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: int | None = bounded("max_tokens", 16)
+    max_tokens: ranged("max_tokens") | None = 16
     echo: bool = False
-    logprobs: int | None = bounded("logprobs", None)
-    suffix: str | None = None
+    logprobs: ranged("logprobs") | None = None
+    # Validated as text so that its refusal can say why (serving_completion); the schema admits only null.
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "Not supported."})] = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -187,12 +209,12 @@ class ChatMessageParam(RequestModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1)
-    max_tokens: int | None = bounded(
-        "max_tokens", None, description="Deprecated by OpenAI in favour of max_completion_tokens."
+    max_tokens: ranged("max_tokens") | None = Field(
+        None, description="Deprecated by OpenAI in favour of max_completion_tokens."
     )
-    max_completion_tokens: int | None = bounded("max_tokens", None)
+    max_completion_tokens: ranged("max_tokens") | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: ranged("logprobs") | None = None
 
 
 class ChatMessage(OpenAIBaseModel):

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from heron.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
@@ -27,6 +26,7 @@ from heron.entrypoints.openai.protocol import (
 from heron.entrypoints.openai.serving_engine import (
     ApiError,
     ClientDisconnected,
+    EventStream,
     OpenAIServing,
     api_error,
     last,
@@ -37,7 +37,7 @@ from heron.outputs import Logprobs, RequestOutput
 
 
 class OpenAIServingChat(OpenAIServing):
-    async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | StreamingResponse:
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | EventStream:
         model = self.model_name(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
@@ -51,7 +51,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = self.render(req.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The template already holds the special tokens (BOS and the like): none are added again.
-        [stream] = await self.start(
+        group = await self.start(
             raw,
             request_id,
             [prompt],
@@ -61,14 +61,17 @@ class OpenAIServingChat(OpenAIServing):
             prompt_param="messages",
             max_tokens_param=max_param,
         )
+        [stream] = group.outputs
         if req.stream:
-            return StreamingResponse(self._stream(request_id, model, req, stream), media_type="text/event-stream")
+            return EventStream(self._stream(request_id, model, req, stream), group)
         try:
             out: RequestOutput = await until_disconnected(raw, last(stream))
         except ClientDisconnected:
             raise
         except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown
             raise api_error(e) from None
+        finally:
+            group.close()
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from heron.entrypoints.openai.protocol import (
     CompletionLogProbs,
@@ -21,6 +20,7 @@ from heron.entrypoints.openai.protocol import (
 from heron.entrypoints.openai.serving_engine import (
     ApiError,
     ClientDisconnected,
+    EventStream,
     OpenAIServing,
     api_error,
     last,
@@ -32,7 +32,7 @@ from heron.outputs import Logprobs, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, req: CompletionRequest, raw: Request) -> CompletionResponse | StreamingResponse:
+    async def create(self, req: CompletionRequest, raw: Request) -> CompletionResponse | EventStream:
         model = self.model_name(req.model)
         if req.suffix is not None:
             raise ApiError(400, "suffix is not supported.", param="suffix")
@@ -40,18 +40,20 @@ class OpenAIServingCompletion(OpenAIServing):
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
         params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_lps)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.start(
+        group = await self.start(
             raw, request_id, prompts, params, req.priority, add_special_tokens=True, prompt_param="prompt"
         )
         head = CompletionResponse(id=request_id, model=model, choices=[])
         if req.stream:
-            return StreamingResponse(self._stream(head, req, streams), media_type="text/event-stream")
+            return EventStream(self._stream(head, req, group.outputs), group)
         try:
-            finals: list[RequestOutput] = await until_disconnected(raw, asyncio.gather(*map(last, streams)))
+            finals: list[RequestOutput] = await until_disconnected(raw, asyncio.gather(*map(last, group.outputs)))
         except ClientDisconnected:
             raise
         except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown, a later prompt rejected
             raise api_error(e) from None
+        finally:
+            group.close()
         choices = []
         for i, out in enumerate(finals):
             for c in out.outputs:

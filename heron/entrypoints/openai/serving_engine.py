@@ -23,7 +23,7 @@ from contextlib import aclosing
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError, RequestStream
 from heron.entrypoints.openai.admission import RETRY_AFTER_S, Admission, Overloaded, Ticket
@@ -176,6 +176,41 @@ async def last(stream: AsyncIterator[T]) -> T:
     return item
 
 
+class RequestGroup:
+    """The engine requests of one HTTP request, one per prompt: `outputs`, an iterator of each one's outputs
+    (closing it aborts that request), and `close`, which ends them all and gives their places in the waiting
+    queue back whether or not their iterators ever ran (a client can leave before its response starts)."""
+
+    def __init__(self, tickets: list[Ticket]) -> None:
+        self.tickets = tickets
+        self.live: list[RequestStream] = []  # accepted by the engine
+        self.outputs: list[AsyncIterator[RequestOutput]] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for ticket in self.tickets:
+            ticket.release()
+        for stream in self.live:
+            stream.close()
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events of a request group, which ends with the response however the response ends."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(content)
+        self.group = group
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.group.close()
+
+
 class OpenAIServing:
     def __init__(
         self,
@@ -257,9 +292,9 @@ class OpenAIServing:
         add_special_tokens: bool,
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
-    ) -> list[AsyncIterator[RequestOutput]]:
+    ) -> RequestGroup:
         """Check the request's size, take its places in the waiting queue (503 when full), submit its
-        first prompts and return once the engine has accepted them: one iterator of outputs per prompt."""
+        first prompts and return once the engine has accepted them."""
         if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
             field, why = too_many
             raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
@@ -267,7 +302,7 @@ class OpenAIServing:
             if isinstance(p, str) and (why := self.limits.check_text(p)) is not None:
                 raise ApiError(400, why, param=prompt_param)
         try:
-            tickets = self.admission.admit(len(prompts))
+            group = RequestGroup(self.admission.admit(len(prompts)))
         except Overloaded as e:
             raise api_error(e) from None
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
@@ -279,34 +314,37 @@ class OpenAIServing:
         )
         head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:
-            accepted: list[RequestStream] = await until_disconnected(raw, asyncio.gather(*head))
+            group.live += await until_disconnected(raw, asyncio.gather(*head))
         except BaseException as e:
             for t in head:
                 t.cancel()
-            for r in await asyncio.gather(*head, return_exceptions=True):
-                if isinstance(r, RequestStream):
-                    r.close()
-            for t in tickets:
-                t.release()
+            group.live += [
+                r for r in await asyncio.gather(*head, return_exceptions=True) if isinstance(r, RequestStream)
+            ]
+            group.close()
             if isinstance(e, Exception) and not isinstance(e, ClientDisconnected):
                 raise api_error(e, prompt_param, max_tokens_param) from None
             raise
         turns = asyncio.Semaphore(0)  # a later prompt enters the engine when an earlier one has its first token
-        streams = [self._track(rid, s, t, turns) for rid, s, t in zip(ids, accepted, tickets)]
-        for rid, p, t in zip(ids[len(head) :], prompts[len(head) :], tickets[len(head) :]):
-            streams.append(self._deferred(rid, functools.partial(submit, p, request_id=rid), t, turns))
-        return streams
+        group.outputs = [self._track(rid, s, t, turns) for rid, s, t in zip(ids, group.live, group.tickets)]
+        for i in range(len(head), len(prompts)):
+            later = functools.partial(submit, prompts[i], request_id=ids[i])
+            group.outputs.append(self._deferred(ids[i], later, group, group.tickets[i], turns))
+        return group
 
     async def _deferred(
-        self, request_id: str, submit, ticket: Ticket, turns: asyncio.Semaphore
+        self, request_id: str, submit, group: RequestGroup, ticket: Ticket, turns: asyncio.Semaphore
     ) -> AsyncIterator[RequestOutput]:
         try:
             await turns.acquire()
+            if group.closed:
+                return
             stream = await submit()
         except BaseException:
             ticket.release()
             turns.release()
             raise
+        group.live.append(stream)
         async with aclosing(self._track(request_id, stream, ticket, turns)) as outputs:
             async for out in outputs:
                 yield out

@@ -103,6 +103,14 @@ class FakeEngine:
         self.streams.append(stream)
         return stream
 
+    async def generate(self, prompt, params, request_id, priority=0, add_special_tokens=True):
+        stream = await self.add_request(prompt, params, request_id, priority, add_special_tokens)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
     def abort_all(self, message: str) -> None:
         for stream in self.streams:
             if not stream.aborted.done():
@@ -121,7 +129,7 @@ def build_app(monkeypatch, script: Script, *flags: str, tokenizer=None):
     """A server app over a FakeEngine (app.state.server.engine once loaded); `exits` collects the exit codes
     it asks for."""
     engine = FakeEngine(script, tokenizer)
-    monkeypatch.setattr(api_server.AsyncLLM, "from_config", classmethod(lambda cls, config, cpu_threads: engine))
+    monkeypatch.setattr(api_server.AsyncLLM, "from_config", classmethod(lambda cls, config, cpu_threads=None: engine))
     args = build_parser().parse_args(["serve", "--served-model-name", "fake", "--device", "cpu", *flags])
     app = api_server.build_app(args, serve_engine_config(args))
     exits: list[int] = []

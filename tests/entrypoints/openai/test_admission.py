@@ -5,9 +5,11 @@ one in, a stream's headers go out before its first token."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
+from fastapi.testclient import TestClient
 
 from heron.entrypoints.openai.serving_engine import WAITING_PER_REQUEST
 from tests.entrypoints.openai.fake_engine import build_app, serve_in_thread, waits_for_release
@@ -95,3 +97,43 @@ def test_too_many_sequences_for_one_request_is_400(monkeypatch):
     assert "--max-seqs-per-request" in too_many.json()["error"]["message"]
     assert big_n.status_code == 400 and big_n.json()["error"]["param"] == "n"
     assert engine.added == []
+
+
+def test_a_client_gone_before_its_stream_starts_gives_everything_back(monkeypatch):
+    """A stream whose first write fails (the client has left) never starts its generator (ASGI 2.4 servers):
+    its requests must end, and its places in the waiting queue come back, all the same."""
+    app, _ = build_app(monkeypatch, waits_for_release, "--max-waiting-requests", "4")
+    body = json.dumps({"prompt": [[1], [2]], "stream": True}).encode()
+    calls = 0
+
+    async def receive() -> dict:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client says nothing more...
+        raise AssertionError
+
+    async def send(message: dict) -> None:
+        raise OSError("Connection reset by peer")  # ...and is gone when the answer starts
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    with TestClient(app) as http:
+        _wait_until(lambda: http.get("/health").status_code == 200)
+        http.portal.call(app, scope, receive, send)
+        state = app.state.server
+        assert len(state.engine.streams) == 2 and all(s.aborted.done() for s in state.engine.streams)
+        assert state.admission.waiting == 0
