@@ -255,6 +255,7 @@ def main() -> int:
     p.add_argument("serve_flags", nargs="*", help=f"heron serve flags (default: {' '.join(SERVER_FLAGS)})")
     args = p.parse_args()
     flags = args.serve_flags or SERVER_FLAGS
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     server = Server(flags, args.log)
     try:
         canary = _canary(server)
@@ -269,7 +270,7 @@ def main() -> int:
         unexpected = {k: v for k, v in outcomes.items() if k not in EXPECTED}
         summary = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+            "commit": commit,
             "command": "PYTHONPATH=. python benchmarks/soak.py " + " ".join(sys.argv[1:]),
             "server": " ".join(["heron serve", *flags]),
             "cpu_cores": len(os.sched_getaffinity(0)),
