@@ -25,8 +25,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from heron.config import EngineConfig
-from heron.engine.engine_core import OutputAccumulator, ServingInfo, run_engine_core
+from heron.engine.engine_core import run_engine_core
 from heron.engine.llm_engine import EngineStats
+from heron.engine.messages import (
+    AbortRequest,
+    Added,
+    AddRequest,
+    EngineDead,
+    RequestDelta,
+    ServingInfo,
+    Shutdown,
+    StepOutputs,
+)
+from heron.engine.output_assembler import OutputAssembler
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 
@@ -53,19 +64,19 @@ class RequestAbortedError(RuntimeError):
 
 
 class RequestStream:
-    """One request as its caller sees it: the engine's acknowledgement, then cumulative outputs, one
-    snapshot however many steps arrived since the previous one. Lives on one event loop; the reader thread
-    only schedules its `_on_*` methods there, so nothing here races with the caller's cancellation.
-    Closing it (or leaving `AsyncLLM.generate`) aborts the request unless it has ended."""
+    """One request as its caller sees it: the engine's acknowledgement, then its outputs, of the kind its
+    SamplingParams ask for (output_assembler.py), one however many steps arrived since the previous one.
+    Lives on one event loop; the reader thread only schedules its `_on_*` methods there, so nothing here
+    races with the caller's cancellation. Closing it (or leaving `AsyncLLM.generate`) aborts the request
+    unless it has ended."""
 
-    def __init__(self, owner: AsyncLLM, request_id: str, acc: OutputAccumulator) -> None:
+    def __init__(self, owner: AsyncLLM, request_id: str, outputs: OutputAssembler) -> None:
         self.request_id = request_id
         self.loop = asyncio.get_running_loop()
         self._owner = owner
-        self._acc = acc
+        self._outputs = outputs
         self._wake = asyncio.Event()
         self._accepted = False
-        self._fresh = False  # outputs arrived since the last snapshot
         self._error: BaseException | None = None
         self._ended = False  # the engine holds nothing of it any more: finished, rejected or aborted
         self._finished = False  # the last output was taken
@@ -81,10 +92,9 @@ class RequestStream:
             self._fail(error)
         self._wake.set()
 
-    def _on_output(self, wire: tuple) -> None:
-        self._acc.add(wire)
-        self._fresh = True
-        if wire[1]:  # finished: the engine is done with it, and so is the reader thread
+    def _on_output(self, delta: RequestDelta) -> None:
+        self._outputs.add(delta)
+        if delta.finished:  # the engine is done with it, and so is the reader thread
             self._ended = True
             self._owner._unregister(self)
         self._wake.set()
@@ -111,13 +121,12 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._closed or self._finished:
             raise StopAsyncIteration
-        while not self._fresh:
+        while not self._outputs.ready():
             if self._error is not None:
                 raise self._error
             self._wake.clear()
             await self._wake.wait()
-        self._fresh = False
-        out = self._acc.snapshot()
+        out = self._outputs.take()
         self._finished = out.finished
         return out
 
@@ -154,13 +163,14 @@ class AsyncLLM:
         events_child.close()
         atexit.register(self.shutdown)
         try:
-            kind, info = self._events.recv()
+            ready = self._events.recv()
         except EOFError:
             self._proc.join(5)
             raise RuntimeError(f"the engine process exited while loading (exit code {self._proc.exitcode})") from None
-        if kind == "dead":
+        if isinstance(ready, EngineDead):
             self._proc.join(30)
-            raise RuntimeError(f"the engine could not start: {info}")
+            raise RuntimeError(f"the engine could not start: {ready.reason}")
+        info = ready.info
         self.info: ServingInfo = info
         self.model_name: str = info.model_name
         self.max_model_len: int = info.max_model_len
@@ -206,15 +216,15 @@ class AsyncLLM:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         # The engine never sends the prompt back: its outputs take it from here.
-        acc = OutputAccumulator(request_id, text, list(prompt) if text is None else prompt_ids)
-        stream = RequestStream(self, request_id, acc)
+        outputs = OutputAssembler(request_id, text, list(prompt) if text is None else prompt_ids, params.output_kind)
+        stream = RequestStream(self, request_id, outputs)
         self._streams[request_id] = stream
         # Checked after registering: the reader sets `dead` before it tells the registered streams, so a
         # stream it missed sees `dead` here.
         if self.dead is not None:
             self._unregister(stream)
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        self._outbox.put(("add", request_id, prompt, prompt_ids, params, priority, add_special_tokens))
+        self._outbox.put(AddRequest(request_id, prompt, prompt_ids, params, priority, add_special_tokens))
         try:
             await stream.accepted()
         except BaseException:
@@ -230,8 +240,8 @@ class AsyncLLM:
         priority: int = 0,
         add_special_tokens: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs until the request finishes. Invalid requests raise ValueError before
-        the first output; leaving the iteration early (or being cancelled) aborts the request."""
+        """Yield outputs (of params.output_kind) until the request finishes. Invalid requests raise ValueError
+        before the first output; leaving the iteration early (or being cancelled) aborts the request."""
         stream = await self.add_request(prompt, params, request_id, priority, add_special_tokens)
         try:
             async for out in stream:
@@ -258,7 +268,7 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         """Abort in the engine; safe for an id the engine has not seen yet (the abort follows the request
         down the same pipe) or no longer knows."""
-        self._outbox.put(("abort", request_id))
+        self._outbox.put(AbortRequest(request_id))
 
     def abort_all(self, message: str) -> None:
         """Abort every request in flight; each caller gets RequestAbortedError(message). On the loop."""
@@ -277,7 +287,7 @@ class AsyncLLM:
         if self._stopping:
             return
         self._stopping = True
-        self._outbox.put(("shutdown",))
+        self._outbox.put(Shutdown())
         self._proc.join(30)
         if self._proc.is_alive():
             self._proc.terminate()
@@ -298,16 +308,17 @@ class AsyncLLM:
         try:
             while True:
                 msg = self._events.recv()
-                if msg[0] == "outputs":
-                    self._stats = msg[2]
-                    self._dispatch(msg[1])
-                elif msg[0] == "added":
-                    _, rid, error = msg
-                    stream = self._streams.get(rid)
+                if isinstance(msg, StepOutputs):
+                    self._stats = msg.stats
+                    self._dispatch(msg.deltas)
+                elif isinstance(msg, Added):
+                    stream = self._streams.get(msg.request_id)
                     if stream is not None:  # gone: its caller left, and its abort follows
-                        _post(stream.loop, stream._on_added, None if error is None else _rebuild(*error))
-                else:  # "dead"
-                    raise RuntimeError(msg[1])
+                        error = None if msg.rejection is None else _rebuild(*msg.rejection)
+                        _post(stream.loop, stream._on_added, error)
+                else:
+                    assert isinstance(msg, EngineDead), msg
+                    raise RuntimeError(msg.reason)
         except BaseException as e:  # noqa: BLE001 - everything waiting must hear of it
             self._die(e)
 
@@ -326,20 +337,20 @@ class AsyncLLM:
         for callback in self._death_callbacks:
             _call_quietly(callback, error)
 
-    def _dispatch(self, wires: list[tuple]) -> None:
+    def _dispatch(self, deltas: list[RequestDelta]) -> None:
         """Hand one step's outputs to their event loops, one call per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for wire in wires:
-            stream = self._streams.get(wire[0])
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
             if stream is not None:
-                by_loop.setdefault(stream.loop, []).append((stream, wire))
+                by_loop.setdefault(stream.loop, []).append((stream, delta))
         for loop, items in by_loop.items():
             _post(loop, _deliver, items)
 
 
-def _deliver(items: list[tuple[RequestStream, tuple]]) -> None:
-    for stream, wire in items:
-        stream._on_output(wire)
+def _deliver(items: list[tuple[RequestStream, RequestDelta]]) -> None:
+    for stream, delta in items:
+        stream._on_output(delta)
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable, arg) -> None:

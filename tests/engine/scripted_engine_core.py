@@ -15,47 +15,48 @@ from __future__ import annotations
 import time
 from multiprocessing.connection import Connection
 
-from heron.engine.engine_core import ServingInfo
 from heron.engine.llm_engine import EngineStats
+from heron.engine.messages import (
+    AbortRequest,
+    Added,
+    EngineDead,
+    Ready,
+    RequestDelta,
+    ServingInfo,
+    Shutdown,
+    StepOutputs,
+)
 
 LATE_ACK, NO_ACK, STREAM, HANG, REJECT, DIE = 1, 2, 3, 4, 5, 6
 TOKEN = 7  # every token the stand-in "generates"
 
 
 def run_scripted_core(config, commands: Connection, events: Connection, *_) -> None:
-    events.send(("ready", ServingInfo("scripted", 64, None, {}, vocab_size=100, max_num_seqs=8)))
+    events.send(Ready(ServingInfo("scripted", 64, None, {}, vocab_size=100, max_num_seqs=8)))
     late: set[str] = set()
     while True:
         msg = commands.recv()
-        if msg[0] == "shutdown":
+        if isinstance(msg, Shutdown):
             return
-        if msg[0] == "abort":
-            if msg[1] in late:
-                late.discard(msg[1])
-                events.send(("added", msg[1], None))
+        if isinstance(msg, AbortRequest):
+            if msg.request_id in late:
+                late.discard(msg.request_id)
+                events.send(Added(msg.request_id, None))
             continue
-        _, rid, _, _, _, _, _ = msg
-        ids = msg[2]
-        script = ids[0]
+        rid, script = msg.request_id, msg.prompt[0]
         if script == LATE_ACK:
             late.add(rid)
         elif script == REJECT:
-            events.send(("added", rid, ("ValueError", "max_tokens (99) is too many for this stand-in.")))
+            events.send(Added(rid, ("ValueError", "max_tokens (99) is too many for this stand-in.")))
         elif script == DIE:
-            events.send(("dead", "RuntimeError: scripted engine failure"))
+            events.send(EngineDead("RuntimeError: scripted engine failure"))
             return
         elif script in (STREAM, HANG):
-            events.send(("added", rid, None))
-            count = ids[1] if script == STREAM else 1
+            events.send(Added(rid, None))
+            count = msg.prompt[1] if script == STREAM else 1
             for i in range(count):
                 done = script == STREAM and i == count - 1
                 now = time.time()
-                completion = (0, "x", [TOKEN], None, None, "length" if done else None, None)
-                wire = (
-                    rid,
-                    done,
-                    (now, now, now, now, now if done else None),
-                    [completion],
-                    (None, 0) if i == 0 else None,
-                )
-                events.send(("outputs", [wire], EngineStats()))
+                c = (0, "x", [TOKEN], None, None, "length" if done else None, None)  # CompletionDelta's items
+                delta = RequestDelta((rid, done, (now, now, now, now, now if done else None), [c], i == 0, None, 0))
+                events.send(StepOutputs([delta], EngineStats()))

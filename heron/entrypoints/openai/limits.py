@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heron.engine.engine_core import ServingInfo
+from heron.engine.messages import ServingInfo
 from heron.sampling_params import INT64_MAX, INT64_MIN
 
 DEFAULT_MAX_SEQS_PER_REQUEST = 128

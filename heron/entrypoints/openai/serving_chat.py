@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import Request
 
@@ -23,17 +21,8 @@ from heron.entrypoints.openai.protocol import (
     DeltaMessage,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import (
-    ApiError,
-    ClientDisconnected,
-    EventStream,
-    OpenAIServing,
-    api_error,
-    last,
-    sse,
-    until_disconnected,
-)
-from heron.outputs import Logprobs, RequestOutput
+from heron.entrypoints.openai.serving_engine import ApiError, EventStream, Fragment, OpenAIServing
+from heron.outputs import Logprobs
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -61,78 +50,56 @@ class OpenAIServingChat(OpenAIServing):
             prompt_param="messages",
             max_tokens_param=max_param,
         )
-        [stream] = group.outputs
         if req.stream:
-            return EventStream(self._stream(request_id, model, req, stream), group)
-        try:
-            out: RequestOutput = await until_disconnected(raw, last(stream))
-        except ClientDisconnected:
-            raise
-        except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown
-            raise api_error(e) from None
-        finally:
-            group.close()
-        choices = [
-            ChatCompletionResponseChoice(
-                index=c.index,
-                message=ChatMessage(content=c.text),
-                finish_reason=c.finish_reason,
-                logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
-            )
-            for c in out.outputs
-        ]
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=_usage(out))
+            created = int(time.time())
 
-    async def _stream(
-        self, request_id: str, model: str, req: ChatCompletionRequest, stream: AsyncIterator[RequestOutput]
-    ) -> AsyncIterator[str]:
-        """Server-sent events: first the role for each choice, then the text new since the last chunk, the
-        finish reason on the last one, a usage chunk when asked, and [DONE]."""
-        created = int(time.time())
+            def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
+                c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
+                return c.model_dump_json()
 
-        def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
-            c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
-            return sse(c.model_dump_json())
+            def fragment_chunk(fragment: Fragment) -> str | None:
+                piece = self._choice(req, fragment)
+                if not (piece.delta.content or piece.finish_reason or (piece.logprobs and piece.logprobs.content)):
+                    return None  # new tokens whose text is held back (a stop string may be starting)
+                return chunk([piece])
 
-        for i in range(req.n):
-            yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        sent_text = [0] * req.n
-        sent_tokens = [0] * req.n
-        finished: set[int] = set()  # a finished sample stays in the request's later outputs: said once
-        out = None
-        try:
-            async with aclosing(stream):
-                async for out in stream:
-                    for c in out.outputs:
-                        i = c.index
-                        if i in finished:
-                            continue
-                        text = c.text[sent_text[i] :]
-                        new_ids = c.token_ids[sent_tokens[i] :]
-                        lps = (c.logprobs or [])[sent_tokens[i] :]
-                        sent_text[i] += len(text)
-                        sent_tokens[i] = len(c.token_ids)
-                        if not (text or c.finish_reason or (req.logprobs and new_ids)):
-                            continue
-                        if c.finish_reason:
-                            finished.add(i)
-                        yield chunk(
-                            [
-                                ChatCompletionStreamChoice(
-                                    index=i,
-                                    delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                                    finish_reason=c.finish_reason,
-                                    logprobs=self._logprobs(new_ids, lps, req.top_logprobs or 0)
-                                    if req.logprobs
-                                    else None,
-                                )
-                            ]
-                        )
-            if req.stream_options is not None and req.stream_options.include_usage and out is not None:
-                yield chunk([], usage=_usage(out))
-        except Exception as e:  # noqa: BLE001 - the status line is long gone: the error is an event
-            yield api_error(e).event()
-        yield sse("[DONE]")
+            # The role first, for each choice; then each one's text as it comes, the finish reason last.
+            opening = [
+                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+                for i in range(req.n)
+            ]
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            usage_chunk = (lambda usage: chunk([], usage)) if include_usage else None
+            return EventStream(self.events(group, req.n, fragment_chunk, opening, usage_chunk), group)
+        choices: dict[int, ChatCompletionResponseChoice] = {}
+
+        def add(fragment: Fragment) -> None:
+            piece = self._choice(req, fragment)
+            choice = choices.get(piece.index)
+            if choice is None:
+                choice = choices[piece.index] = ChatCompletionResponseChoice(
+                    index=piece.index,
+                    message=ChatMessage(content=""),
+                    logprobs=ChatChoiceLogprobs(content=[]) if req.logprobs else None,
+                )
+            choice.message.content += piece.delta.content or ""
+            choice.finish_reason = piece.finish_reason
+            if piece.logprobs is not None:
+                choice.logprobs.content += piece.logprobs.content
+
+        usage = await self.answer(raw, group, req.n, add)
+        choices_in_order = [choices[i] for i in sorted(choices)]
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices_in_order, usage=usage)
+
+    def _choice(self, req: ChatCompletionRequest, fragment: Fragment) -> ChatCompletionStreamChoice:
+        """A sample's news as a choice: a stream's chunk, or a piece of the plain answer."""
+        index, _, c = fragment
+        return ChatCompletionStreamChoice(
+            index=index,
+            delta=DeltaMessage(content=c.text) if c.text else DeltaMessage(),
+            finish_reason=c.finish_reason,
+            logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
+        )
 
     def _logprobs(self, token_ids: list[int], lps: list[Logprobs] | None, k: int) -> ChatChoiceLogprobs:
         content = []
@@ -144,12 +111,3 @@ class OpenAIServingChat(OpenAIServing):
             ]
             content.append(ChatTokenLogprob(token=s, logprob=lp[tok], bytes=list(s.encode()), top_logprobs=top))
         return ChatChoiceLogprobs(content=content)
-
-
-def _usage(out: RequestOutput) -> UsageInfo:
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    return UsageInfo(
-        prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=completion,
-        total_tokens=len(out.prompt_token_ids) + completion,
-    )

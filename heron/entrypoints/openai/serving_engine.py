@@ -4,8 +4,10 @@ admission, client disconnects, and the latency metrics taken as outputs stream b
 A request is checked, and accepted by the engine, before any response is sent: what the engine rejects (a
 prompt too long, max_tokens that cannot fit) is a clean 400, not an error inside an event stream, and a
 stream's headers go out as soon as its requests are queued, before their first token. From then on the
-caller owns one async iterator of cumulative outputs per prompt; closing it, or being cancelled, aborts the
-request in the engine and frees its blocks.
+caller owns one async iterator of delta outputs per prompt; closing it, or being cancelled, aborts the
+request in the engine and frees its blocks. `fragments` is the one loop that reads them, for streams
+(`events`) and plain answers (`answer`) alike; each endpoint has one function that makes a fragment into a
+choice of its format.
 
 Fairness: a request's prompts enter the engine at most WAITING_PER_REQUEST at a time (the next one when
 one of them has its first token), so that a request of many prompts queues behind a later small request
@@ -18,7 +20,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -33,10 +35,11 @@ from heron.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
     SamplingRequest,
+    UsageInfo,
 )
 from heron.metrics import ServerMetrics
-from heron.outputs import Logprobs, RequestOutput
-from heron.sampling_params import SamplingParams
+from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -169,16 +172,29 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
             await s.aclose()
 
 
-async def last(stream: AsyncIterator[T]) -> T:
-    async with aclosing(stream):
-        async for item in stream:  # noqa: B007 - the last one is the answer
-            pass
-    return item
+# A sample's news, with its choice index (prompt i's sample j is choice i * n + j) and its request's first
+# output (the prompt, its ids and logprobs, for echo), in the order they come.
+Fragment = tuple[int, RequestOutput, CompletionOutput]
+
+
+async def fragments(group: RequestGroup, n: int, usage: UsageInfo) -> AsyncIterator[Fragment]:
+    """The one loop over an HTTP request's delta outputs, for streams and plain answers alike: each sample's
+    news (a sample's finish comes once); `usage` adds up as they come."""
+    firsts: dict[int, RequestOutput] = {}
+    async with aclosing(merge(group.outputs)) as merged:
+        async for i, out in merged:
+            if i not in firsts:  # a request's first output carries its prompt
+                firsts[i] = out
+                usage.prompt_tokens += len(out.prompt_token_ids)
+            for c in out.outputs:
+                usage.completion_tokens += len(c.token_ids)
+                yield i * n + c.index, firsts[i], c
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
 
 
 class RequestGroup:
-    """The engine requests of one HTTP request, one per prompt: `outputs`, an iterator of each one's outputs
-    (closing it aborts that request), and `close`, which ends them all and gives their places in the waiting
+    """The engine requests of one HTTP request, one per prompt: `outputs`, an iterator of each one's delta
+    outputs (closing it aborts that request), and `close`, which ends them all and gives their places in the waiting
     queue back whether or not their iterators ever ran (a client can leave before its response starts)."""
 
     def __init__(self, tickets: list[Ticket]) -> None:
@@ -277,6 +293,7 @@ class OpenAIServing:
                 logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
+                output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
@@ -354,7 +371,7 @@ class OpenAIServing:
     ) -> AsyncIterator[RequestOutput]:
         """An accepted request's outputs plus the server's bookkeeping: its place in the waiting queue and its
         turn are given back at the first output, latencies observed, requests logged."""
-        sent, sent_at = 0, 0.0
+        sent, sent_at = 0, 0.0  # the first sample's tokens so far, and when the last came
         waiting = True
         try:
             async for out in stream:
@@ -363,10 +380,10 @@ class OpenAIServing:
                     ticket.release()
                     turns.release()
                 m = out.metrics
-                n = len(out.outputs[0].token_ids)
-                if sent and n > sent and m.last_token_time is not None:
-                    self.metrics.observe_tokens(n - sent, m.last_token_time - sent_at)
-                sent, sent_at = n, m.last_token_time or 0.0
+                new = next((len(c.token_ids) for c in out.outputs if c.index == 0), 0)
+                if sent and new and m.last_token_time is not None:
+                    self.metrics.observe_tokens(new, m.last_token_time - sent_at)
+                sent, sent_at = sent + new, m.last_token_time or 0.0
                 if out.finished:
                     self.metrics.observe_finished(m)
                     if self.log_requests:
@@ -379,6 +396,49 @@ class OpenAIServing:
             if waiting:
                 ticket.release()
                 turns.release()
+
+    async def answer(self, raw: Request, group: RequestGroup, n: int, add: Callable[[Fragment], None]) -> UsageInfo:
+        """A plain answer: every fragment handed to `add` as it comes, until all the requests finish (or the
+        client leaves); returns the usage."""
+        usage = UsageInfo()
+
+        async def gather() -> None:
+            async for fragment in fragments(group, n, usage):
+                add(fragment)
+
+        try:
+            await until_disconnected(raw, gather())
+        except ClientDisconnected:
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown, a later prompt rejected
+            raise api_error(e) from None
+        finally:
+            group.close()
+        return usage
+
+    async def events(
+        self,
+        group: RequestGroup,
+        n: int,
+        chunk: Callable[[Fragment], str | None],
+        opening: list[str] = (),
+        usage_chunk: Callable[[UsageInfo], str] | None = None,
+    ) -> AsyncIterator[str]:
+        """A stream: server-sent events of the `opening` chunks, then of each fragment's chunk (None: nothing
+        to say), the usage chunk when asked, then [DONE]. Its status line is long gone, so an error on the
+        way is an event."""
+        usage = UsageInfo()
+        try:
+            for data in opening:
+                yield sse(data)
+            async for fragment in fragments(group, n, usage):
+                if (data := chunk(fragment)) is not None:
+                    yield sse(data)
+            if usage_chunk is not None:
+                yield sse(usage_chunk(usage))
+        except Exception as e:  # noqa: BLE001 - said in the stream, in the API's terms
+            yield api_error(e).event()
+        yield sse("[DONE]")
 
     def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template)."""

@@ -15,8 +15,8 @@ import httpx
 import uvicorn
 
 from heron.engine.async_llm import EngineDeadError, RequestAbortedError
-from heron.engine.engine_core import ServingInfo
 from heron.engine.llm_engine import EngineStats
+from heron.engine.messages import ServingInfo
 from heron.entrypoints.cli import build_parser
 from heron.entrypoints.openai import api_server
 from heron.entrypoints.openai.cli import serve_engine_config
