@@ -10,7 +10,8 @@ Each worker loops until the deadline over scenarios drawn by weight (SCENARIOS):
 hostile or careless client sends (out-of-range and non-finite numbers, booleans as token ids, lone surrogates,
 a 10 MB prompt, a body over the size limit, malformed JSON, too many prompts, unknown token ids). Every
 answer is classed as expected (ok, refused with 4xx, overloaded 503, client gave up) or not (5xx, another
-status, a broken connection, a stream without [DONE], a wrong canary); the run fails on any of the latter.
+status, a broken connection, a stream without [DONE], a wrong canary); the run fails on any of the latter. A
+worker told the server is overloaded waits as Retry-After asks; the bursts do not.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 import httpx
 
 MODEL = "SmolLM2-135M-Instruct"
+RETRY_AFTER_S = 1  # what the server's overloaded 503 says
 CANARY = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 8, "temperature": 0}
 BIG_PROMPT = "word " * 2_000_000  # 10 MB: more characters than any prompt this model can take
 OVERSIZED = b"x" * (17 << 20)  # over the default --max-request-body-bytes (16 MiB)
@@ -214,7 +216,10 @@ async def _traffic(server: Server, duration: float, workers: int, canary: str) -
             while time.monotonic() < deadline:
                 name = rng.choices(names, weights)[0]
                 sent[name] += 1
-                outcomes[await _request(http, name, rng, canary)] += 1
+                outcome = await _request(http, name, rng, canary)
+                outcomes[outcome] += 1
+                if outcome == "overloaded (503)":
+                    await asyncio.sleep(RETRY_AFTER_S)  # as the 503 asks (a burst's requests do not wait)
 
     async def burst_now_and_then() -> None:
         """Every 30 s, 100 requests at once: more than --max-waiting-requests lets wait."""
