@@ -35,6 +35,7 @@ from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.cli import api_keys, engine_cpu_threads, serve_engine_config
+from heron.entrypoints.openai.errors import ApiError, api_error
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from heron.entrypoints.openai.protocol import (
@@ -54,7 +55,7 @@ from heron.entrypoints.openai.protocol import (
 )
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from heron.entrypoints.openai.serving_engine import ApiError, ClientDisconnected, api_error
+from heron.entrypoints.openai.serving_engine import ClientDisconnected
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from heron.metrics import ServerMetrics, StatLogger
 from heron.models.loader import EMBEDDED_NAME

@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from heron.entrypoints.openai.serving_engine import ApiError, log_internal_error
+from heron.entrypoints.openai.errors import ApiError, log_internal_error
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 

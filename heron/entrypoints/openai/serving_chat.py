@@ -8,6 +8,7 @@ import uuid
 
 from fastapi import Request
 
+from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChunk,
@@ -21,7 +22,7 @@ from heron.entrypoints.openai.protocol import (
     DeltaMessage,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import ApiError, EventStream, Fragment, OpenAIServing
+from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
 from heron.outputs import Logprobs
 
 

@@ -7,6 +7,7 @@ import uuid
 
 from fastapi import Request
 
+from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -14,7 +15,7 @@ from heron.entrypoints.openai.protocol import (
     CompletionResponseChoice,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import ApiError, EventStream, Fragment, OpenAIServing
+from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
 from heron.outputs import Logprobs, RequestOutput
 
 

@@ -3,8 +3,9 @@ work is the tokenizer's own thread's for long inputs (AsyncLLM.tokenize), so it 
 
 from __future__ import annotations
 
+from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing
+from heron.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
