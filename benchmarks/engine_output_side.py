@@ -1,5 +1,5 @@
 """The engine process's output side per step at a large batch, on the CPU: what the served engine pays per
-step beyond the model (read-back, LLMEngine._process with detokenization, wire tuples, pickling), against
+step beyond the model (read-back, LLMEngine._process with detokenization, the step's deltas, pickling), against
 the offline path (FINAL_ONLY outputs, text decoded once at the end).
 
     python benchmarks/shapes.py /tmp/shapes && python benchmarks/engine_output_side.py [/tmp/shapes/qwen3-0.6b]
@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from heron.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from heron.engine.engine_core import to_wire
+from heron.engine.engine_core import request_delta
 from heron.engine.llm_engine import LLMEngine
+from heron.engine.messages import StepOutputs
 from heron.executor.inflight import InflightStep
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
@@ -70,7 +71,7 @@ def timed(acc: dict[str, float], key: str, fn):
 
 
 def run(model: str, served: bool) -> dict[str, float]:
-    """ms per step of each part: served (DELTA, advance + to_wire + pickle, as engine_core._serve) or offline
+    """ms per step of each part: served (DELTA, advance + request_delta + pickle, as engine_core._serve) or offline
     (FINAL_ONLY, step)."""
     engine = LLMEngine(
         EngineConfig(
@@ -99,9 +100,9 @@ def run(model: str, served: bool) -> dict[str, float]:
             if served:
                 reqs = engine.advance()
                 t = time.perf_counter()
-                wires = [to_wire(r, op) for r in reqs]
+                deltas = [request_delta(r, op) for r in reqs]
                 t2 = time.perf_counter()
-                ForkingPickler.dumps(("outputs", wires, engine.get_stats()))
+                ForkingPickler.dumps(StepOutputs(deltas, engine.get_stats()))
                 acc["outputs"] += t2 - t
                 acc["pickle"] += time.perf_counter() - t2
             else:

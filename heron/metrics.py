@@ -46,9 +46,12 @@ _FINISH_REASONS = ("stop", "length", "abort")
 
 
 class _EngineCollector(Collector):
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self, model_name: str, stats: Callable[[], EngineStats | None], admitted_waiting: Callable[[], int]
+    ) -> None:
         self.model_name = model_name
         self.stats = stats
+        self.admitted_waiting = admitted_waiting
 
     def collect(self) -> Iterator:
         s = self.stats() or EngineStats()  # zeros while the model loads
@@ -62,6 +65,12 @@ class _EngineCollector(Collector):
         yield family(GaugeMetricFamily, "heron:num_requests_running", "Sequences running now.", s.num_running)
         yield family(
             GaugeMetricFamily, "heron:num_requests_waiting", "Sequences waiting or swapped out.", s.num_waiting
+        )
+        yield family(
+            GaugeMetricFamily,
+            "heron:api_requests_waiting",
+            "Prompts the server accepted that have no output yet (what --max-waiting-requests bounds).",
+            self.admitted_waiting(),
         )
         yield family(
             GaugeMetricFamily,
@@ -94,9 +103,11 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self, model_name: str, stats: Callable[[], EngineStats | None], admitted_waiting: Callable[[], int]
+    ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(model_name, stats))
+        self.registry.register(_EngineCollector(model_name, stats, admitted_waiting))
 
         def histogram(name: str, doc: str) -> Histogram:
             h = Histogram(name, doc, ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry)

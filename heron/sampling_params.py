@@ -4,9 +4,63 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from dataclasses import dataclass, field
 
 _SAMPLING_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric parameter's accepted values: a finite int or float (never a bool) in [low, high], or
+    (low, high] with low_open. The server's request schema states the same bounds (protocol.py)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+
+    def check(self, name: str, value) -> None:
+        kind = int if self.integer else (int, float)
+        ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value > self.high or value < self.low or (self.low_open and value == self.low):
+            left = "(" if self.low_open else "["
+            what = "an integer" if self.integer else "a number"
+            raise ValueError(f"{name} must be {what} in {left}{_fmt(self.low)}, {_fmt(self.high)}], got {value!r}.")
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, int) and abs(x) >= 2**16:  # the edges of machine integers, as a reader knows them
+        exp = x.bit_length() - (x < 0)
+        return f"{'-' if x < 0 else ''}2**{exp}" + ("" if abs(x) == 2**exp else " - 1")
+    return f"{x:g}"
+
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs: the sampler's top-k of logprobs stays small
+TOKEN_ID = Range(0, INT32_MAX, integer=True)
+LOGIT_BIAS = Range(-100.0, 100.0)
+
+# Every numeric field's range, each stated once. Floats stay within what the sampler's float32 holds with
+# room (a temperature of 1e39 would be infinite there); ints within the sampler's int64 tensors (top_k and
+# seed are copied into them at every step: 2**63 there would crash the step, and with it the engine).
+RANGES: dict[str, Range] = {
+    "n": Range(1, INT32_MAX, integer=True),
+    "presence_penalty": Range(-2.0, 2.0),
+    "frequency_penalty": Range(-2.0, 2.0),
+    "repetition_penalty": Range(0.01, 100.0),
+    "temperature": Range(0.0, 100.0),
+    "top_p": Range(0.0, 1.0, low_open=True),
+    "top_k": Range(-1, INT32_MAX, integer=True),  # -1 and 0: no top-k
+    "min_p": Range(0.0, 1.0),
+    "seed": Range(INT64_MIN, INT64_MAX, integer=True),
+    "max_tokens": Range(1, INT32_MAX, integer=True),
+    "min_tokens": Range(0, INT32_MAX, integer=True),
+    "logprobs": Range(0, MAX_LOGPROBS, integer=True),
+    "prompt_logprobs": Range(0, MAX_LOGPROBS, integer=True),
+}
+_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 
 
 class RequestOutputKind(enum.Enum):
@@ -51,46 +105,33 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self._verify()
         if self.logit_bias:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = {k: float(v) for k, v in self.logit_bias.items()}
         if self.top_k == 0:  # 0 and -1 both mean "no top-k", as in vLLM
             self.top_k = -1
-        self._verify()
 
     def _verify(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"{name} {why}, got {getattr(self, name)!r}.")
-
-        if self.n < 1:
-            raise bad("n", "must be at least 1")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise bad("presence_penalty", "must be in [-2, 2]")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise bad("frequency_penalty", "must be in [-2, 2]")
-        if self.repetition_penalty <= 0.0:
-            raise bad("repetition_penalty", "must be greater than zero")
-        if self.temperature < 0.0:
-            raise bad("temperature", "must be non-negative")
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "must be in (0, 1]")
-        if self.top_k < -1:
-            raise bad("top_k", "must be -1 (disable) or at least 1")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise bad("min_p", "must be in [0, 1]")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise bad("max_tokens", "must be at least 1")
-        if self.min_tokens < 0:
-            raise bad("min_tokens", "must be non-negative")
+        for name, bounds in RANGES.items():
+            value = getattr(self, name)
+            if value is not None or name not in _OPTIONAL:
+                bounds.check(name, value)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise bad("logprobs", "must be non-negative")
-        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
-            raise bad("prompt_logprobs", "must be non-negative")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise bad("seed", "must be in [0, 2**63)")
-        if any(not s for s in self.stop):
-            raise bad("stop", "must not contain empty strings")
+            raise ValueError(f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}.")
+        for t in self.stop_token_ids:
+            TOKEN_ID.check("stop_token_ids", t)
+        for t, b in (self.logit_bias or {}).items():
+            TOKEN_ID.check("logit_bias", t)
+            LOGIT_BIAS.check("logit_bias", b)
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Token ids given here must name tokens of the model: one that never appears would be ignored."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} must be token ids below the vocabulary size ({vocab_size}), got {bad[0]}.")
 
     @property
     def greedy(self) -> bool:

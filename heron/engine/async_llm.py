@@ -4,35 +4,54 @@ on two cores instead of taking turns on one GIL; the event loop never waits on t
 waits on HTTP.
 
 Two threads of this process talk to the engine process: a writer (requests and aborts, so the event loop
-never blocks on a full pipe) and a reader (each step's new tokens). The reader hands a step's outputs to
-the event loop in one call; there each request's deltas are folded into its state and its asyncio queue is
-signalled; the request's reader then takes one cumulative snapshot however many steps arrived meanwhile.
+never blocks on a full pipe) and a reader (acknowledgements and each step's new tokens). The reader never
+touches a request's state: it hands each message to the request's event loop (`call_soon_threadsafe`),
+where its `RequestStream` takes it or, when the caller has gone meanwhile, ignores it. So a caller that
+gives up at any moment (a client's timeout) costs an abort and nothing else, and the engine's death
+reaches every caller still listening.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import multiprocessing
 import queue
 import threading
-from collections.abc import AsyncIterator
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from heron.config import EngineConfig
-from heron.engine.engine_core import OutputAccumulator, run_engine_core
+from heron.engine.engine_core import run_engine_core
+from heron.engine.messages import (
+    AbortRequest,
+    Added,
+    AddRequest,
+    EngineDead,
+    RequestDelta,
+    ServingInfo,
+    Shutdown,
+    StepOutputs,
+)
+from heron.engine.output_assembler import OutputAssembler
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-# Text prompts up to this many characters are tokenized on the event loop (~1 ms for 3,500 characters of
-# the word-level benchmark tokenizer); longer ones in a thread. Encoding holds the GIL (two threads encode
-# no faster than one), so a thread frees no CPU: it only lets the loop run between GIL switches. Inline, a
-# burst's first request reaches the engine within a few ms instead of tens (thread hand-offs fighting over
-# the GIL); a 30k-word prompt would stall every stream for ~90 ms inline, ~3 ms from a thread.
+T = TypeVar("T")
+
+# Text up to this many characters is tokenized on the event loop (~1 ms for 3,500 characters of the
+# word-level benchmark tokenizer); longer text on the tokenizer's own thread. Encoding holds the GIL (two
+# threads encode no faster than one), so a thread frees no CPU: it only lets the loop run between GIL
+# switches. Inline, a burst's first request reaches the engine within a few ms instead of tens (thread
+# hand-offs fighting over the GIL); a 30k-word prompt would stall every stream for ~90 ms inline, ~3 ms
+# from a thread. One thread, so that concurrent long prompts queue instead of each holding its encoding's
+# memory at once.
 TOKENIZE_INLINE_CHARS = 20_000
 
 
@@ -40,9 +59,94 @@ class EngineDeadError(RuntimeError):
     """The engine failed or its process exited; every request in flight gets this, and every later one."""
 
 
+class RequestAbortedError(RuntimeError):
+    """The request was aborted for everyone (`AsyncLLM.abort_all`), e.g. by a server's shutdown deadline."""
+
+
+class RequestStream:
+    """One request as its caller sees it: the engine's acknowledgement, then its outputs, of the kind its
+    SamplingParams ask for (output_assembler.py), one however many steps arrived since the previous one.
+    Lives on one event loop; the reader thread only schedules its `_on_*` methods there, so nothing here
+    races with the caller's cancellation. Closing it (or leaving `AsyncLLM.generate`) aborts the request
+    unless it has ended."""
+
+    def __init__(self, owner: AsyncLLM, request_id: str, outputs: OutputAssembler) -> None:
+        self.request_id = request_id
+        self.loop = asyncio.get_running_loop()
+        self._owner = owner
+        self._outputs = outputs
+        self._wake = asyncio.Event()
+        self._accepted = False
+        self._error: BaseException | None = None
+        self._ended = False  # the engine holds nothing of it any more: finished, rejected or aborted
+        self._finished = False  # the last output was taken
+        self._closed = False
+
+    # -- events, scheduled on self.loop by the reader thread ---------------------------------------------
+
+    def _on_added(self, error: Exception | None) -> None:
+        if error is None:
+            self._accepted = True
+        else:
+            self._ended = True
+            self._fail(error)
+        self._wake.set()
+
+    def _on_output(self, delta: RequestDelta) -> None:
+        self._outputs.add(delta)
+        if delta.finished:  # the engine is done with it, and so is the reader thread
+            self._ended = True
+            self._owner._unregister(self)
+        self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake.set()
+
+    # -- the caller's side ----------------------------------------------------------------------------------
+
+    async def accepted(self) -> None:
+        """Return once the engine has queued the request; raise its rejection (ValueError naming the field)
+        or EngineDeadError."""
+        while not self._accepted:
+            if self._error is not None:
+                raise self._error
+            self._wake.clear()
+            await self._wake.wait()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._closed or self._finished:
+            raise StopAsyncIteration
+        while not self._outputs.ready():
+            if self._error is not None:
+                raise self._error
+            self._wake.clear()
+            await self._wake.wait()
+        out = self._outputs.take()
+        self._finished = out.finished
+        return out
+
+    def close(self) -> None:
+        """Stop listening; the engine aborts the request if it is still there. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._owner._unregister(self)
+        if not self._ended:
+            self._owner.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
 class AsyncLLM:
-    def __init__(self, config: EngineConfig) -> None:
-        """Start the engine process and wait until its model is loaded; a failure to load raises here."""
+    def __init__(self, config: EngineConfig, cpu_threads: int | None = None) -> None:
+        """Start the engine process and wait until its model is loaded; a failure to load raises here.
+        `cpu_threads`: torch's thread count in the engine process (None: torch's default)."""
         ctx = multiprocessing.get_context("spawn")
         commands_child, self._commands = ctx.Pipe(duplex=False)  # (read end, write end)
         self._events, events_child = ctx.Pipe(duplex=False)
@@ -51,40 +155,82 @@ class AsyncLLM:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         # Not a daemon: the engine process may start tensor-parallel workers of its own.
         self._proc = ctx.Process(
-            target=run_engine_core, args=(config, commands_child, events_child), name="heron-engine"
+            target=run_engine_core, args=(config, commands_child, events_child, cpu_threads), name="heron-engine"
         )
         self._proc.start()
+        logger.info("Engine process started (pid %d)", self._proc.pid)
         commands_child.close()
         events_child.close()
         atexit.register(self.shutdown)
         try:
-            kind, info = self._events.recv()
+            ready = self._events.recv()
         except EOFError:
             self._proc.join(5)
             raise RuntimeError(f"the engine process exited while loading (exit code {self._proc.exitcode})") from None
-        if kind == "dead":
+        if isinstance(ready, EngineDead):
             self._proc.join(30)
-            raise RuntimeError(f"the engine could not start: {info}")
+            raise RuntimeError(f"the engine could not start: {ready.reason}")
+        info = ready.info
+        self.info: ServingInfo = info
         self.model_name: str = info.model_name
         self.max_model_len: int = info.max_model_len
         self.tokenizer = info.tokenizer
         self.generation_defaults: dict = info.generation_defaults
         self.dead: BaseException | None = None
+        self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._stats = EngineStats()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, OutputAccumulator]] = {}
-        self._added: dict[str, Future] = {}
+        self._streams: dict[str, RequestStream] = {}
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="heron-tokenize")
         self._writer = threading.Thread(target=self._write, name="heron-engine-writer", daemon=True)
         self._reader = threading.Thread(target=self._read, name="heron-engine-reader", daemon=True)
         self._writer.start()
         self._reader.start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncLLM:
-        return cls(config)
+    def from_config(cls, config: EngineConfig, cpu_threads: int | None = None) -> AsyncLLM:
+        return cls(config, cpu_threads)
 
     def get_stats(self) -> EngineStats:
         """The engine's snapshot after its latest step."""
         return self._stats
+
+    def on_dead(self, callback: Callable[[BaseException], None]) -> None:
+        """Call `callback(error)` (on the reader thread) when the engine dies; at once if it has."""
+        self._death_callbacks.append(callback)
+        if self.dead is not None:
+            _call_quietly(callback, self.dead)
+
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> RequestStream:
+        """Send a request to the engine and return its stream once the engine has accepted it. Its rejection
+        raises ValueError (the message starts with the field at fault); a dead engine EngineDeadError.
+        Cancelled while waiting, the request is aborted."""
+        text = prompt if isinstance(prompt, str) else None
+        prompt_ids = None if text is None else await self.tokenize(text, add_special_tokens)
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        # The engine never sends the prompt back: its outputs take it from here.
+        outputs = OutputAssembler(request_id, text, list(prompt) if text is None else prompt_ids, params.output_kind)
+        stream = RequestStream(self, request_id, outputs)
+        self._streams[request_id] = stream
+        # Checked after registering: the reader sets `dead` before it tells the registered streams, so a
+        # stream it missed sees `dead` here.
+        if self.dead is not None:
+            self._unregister(stream)
+            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+        self._outbox.put(AddRequest(request_id, prompt, prompt_ids, params, priority, add_special_tokens))
+        try:
+            await stream.accepted()
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
     async def generate(
         self,
@@ -94,58 +240,60 @@ class AsyncLLM:
         priority: int = 0,
         add_special_tokens: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs until the request finishes. Invalid requests raise ValueError before
-        the first output; leaving the iteration early (or being cancelled) aborts the request."""
-        text = prompt if isinstance(prompt, str) else None
-        prompt_ids = None if text is None else await self._tokenize(text, add_special_tokens)
-        if self.dead is not None:  # checked after the await, right before the request is registered
-            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        stream: asyncio.Queue = asyncio.Queue()
-        added: Future = Future()
-        # The engine never sends the prompt back: its outputs take it from here.
-        acc = OutputAccumulator(request_id, text, list(prompt) if text is None else prompt_ids)
-        self._streams[request_id] = (asyncio.get_running_loop(), stream, acc)
-        self._added[request_id] = added
-        self._outbox.put(("add", request_id, prompt, prompt_ids, params, priority, add_special_tokens))
+        """Yield outputs (of params.output_kind) until the request finishes. Invalid requests raise ValueError
+        before the first output; leaving the iteration early (or being cancelled) aborts the request."""
+        stream = await self.add_request(prompt, params, request_id, priority, add_special_tokens)
         try:
-            await asyncio.wrap_future(added)  # raises the engine's ValueError, if any
-            while True:
-                signal = await stream.get()  # new output arrived (True), or the engine died (the error)
-                while not stream.empty() and not isinstance(signal, BaseException):
-                    signal = stream.get_nowait()
-                if isinstance(signal, BaseException):
-                    raise EngineDeadError(f"the engine has stopped: {signal!r}") from signal
-                out = acc.snapshot()
+            async for out in stream:
                 yield out
-                if out.finished:
-                    return
         finally:
-            if self._streams.pop(request_id, None) is not None:
-                self.abort(request_id)  # a no-op for a request that already finished
+            stream.close()
 
-    async def _tokenize(self, prompt: str, add_special_tokens: bool) -> list[int] | None:
-        """A text prompt's ids, made here so that the engine process's steps never wait on tokenizing a
-        burst of new requests. None without a tokenizer (the engine then rejects the prompt)."""
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
+        """Text's ids, made here so that the engine process's steps never wait on tokenizing a burst of new
+        requests. None without a tokenizer (the engine then rejects a text prompt)."""
         if self.tokenizer is None:
             return None
-        if len(prompt) <= TOKENIZE_INLINE_CHARS:
-            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        return await asyncio.to_thread(self.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
+        encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        return encode() if len(text) <= TOKENIZE_INLINE_CHARS else await self._on_tokenizer_thread(encode)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """Ids' text; long lists on the tokenizer's thread, as in `tokenize`."""
+        decode = functools.partial(self.tokenizer.decode, token_ids)
+        return decode() if len(token_ids) * 4 <= TOKENIZE_INLINE_CHARS else await self._on_tokenizer_thread(decode)
+
+    async def _on_tokenizer_thread(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn)
 
     def abort(self, request_id: str) -> None:
-        self._outbox.put(("abort", request_id))
+        """Abort in the engine; safe for an id the engine has not seen yet (the abort follows the request
+        down the same pipe) or no longer knows."""
+        self._outbox.put(AbortRequest(request_id))
+
+    def abort_all(self, message: str) -> None:
+        """Abort every request in flight; each caller gets RequestAbortedError(message). On the loop."""
+        for stream in list(self._streams.values()):
+            stream._fail(RequestAbortedError(message))
+            if not stream._ended:
+                stream._ended = True
+                self.abort(stream.request_id)
+
+    def _unregister(self, stream: RequestStream) -> None:
+        if self._streams.get(stream.request_id) is stream:
+            del self._streams[stream.request_id]
 
     def shutdown(self) -> None:
         """Stop the engine process (it stops its tensor-parallel workers); idempotent."""
         if self._stopping:
             return
         self._stopping = True
-        self._outbox.put(("shutdown",))
+        self._outbox.put(Shutdown())
         self._proc.join(30)
         if self._proc.is_alive():
             self._proc.terminate()
             self._proc.join(5)
         self._outbox.put(None)
+        self._tokenizer_thread.shutdown(wait=False)
 
     # -- the two threads -------------------------------------------------------------------------------------
 
@@ -160,48 +308,63 @@ class AsyncLLM:
         try:
             while True:
                 msg = self._events.recv()
-                if msg[0] == "outputs":
-                    self._stats = msg[2]
-                    self._dispatch(msg[1])
-                elif msg[0] == "added":
-                    _, rid, error = msg
-                    added = self._added.pop(rid, None)
-                    if added is None:
-                        continue
-                    if error is None:
-                        added.set_result(None)
-                    else:
-                        added.set_exception(_rebuild(*error))
-                else:  # "dead"
-                    raise RuntimeError(msg[1])
+                if isinstance(msg, StepOutputs):
+                    self._stats = msg.stats
+                    self._dispatch(msg.deltas)
+                elif isinstance(msg, Added):
+                    stream = self._streams.get(msg.request_id)
+                    if stream is not None:  # gone: its caller left, and its abort follows
+                        error = None if msg.rejection is None else _rebuild(*msg.rejection)
+                        _post(stream.loop, stream._on_added, error)
+                else:
+                    assert isinstance(msg, EngineDead), msg
+                    raise RuntimeError(msg.reason)
         except BaseException as e:  # noqa: BLE001 - everything waiting must hear of it
-            if self._stopping:
-                return
-            if isinstance(e, EOFError | OSError):
-                e = RuntimeError(f"the engine process exited (exit code {self._proc.exitcode})")
-            logger.error("the engine has stopped: %s", e)
-            self.dead = e
-            for added in list(self._added.values()):
-                added.set_exception(EngineDeadError(f"the engine has stopped: {e!r}"))
-            self._added.clear()
-            for loop, stream, _ in list(self._streams.values()):
-                loop.call_soon_threadsafe(stream.put_nowait, e)
+            self._die(e)
 
-    def _dispatch(self, wires: list[tuple]) -> None:
+    def _die(self, error: BaseException) -> None:
+        """Tell every caller still listening, then whoever asked (`on_dead`). Never raises: it runs last on
+        the reader thread, and a failure here would leave streams hanging."""
+        if self._stopping:
+            return
+        if isinstance(error, EOFError | OSError):
+            self._proc.join(1)
+            error = RuntimeError(f"the engine process exited (exit code {self._proc.exitcode})")
+        self.dead = error
+        logger.error("the engine has stopped: %s", error)
+        for stream in list(self._streams.values()):
+            _post(stream.loop, stream._fail, EngineDeadError(f"the engine has stopped: {error!r}"))
+        for callback in self._death_callbacks:
+            _call_quietly(callback, error)
+
+    def _dispatch(self, deltas: list[RequestDelta]) -> None:
         """Hand one step's outputs to their event loops, one call per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for wire in wires:
-            target = self._streams.get(wire[0])
-            if target is not None:
-                by_loop.setdefault(target[0], []).append((target[1], target[2], wire))
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream, delta))
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            _post(loop, _deliver, items)
 
 
-def _deliver(items: list[tuple[asyncio.Queue, OutputAccumulator, tuple]]) -> None:
-    for stream, acc, wire in items:
-        acc.add(wire)
-        stream.put_nowait(True)
+def _deliver(items: list[tuple[RequestStream, RequestDelta]]) -> None:
+    for stream, delta in items:
+        stream._on_output(delta)
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable, arg) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, arg)
+    except RuntimeError:  # that loop is closed: nobody is left to tell
+        pass
+
+
+def _call_quietly(callback: Callable[[BaseException], None], error: BaseException) -> None:
+    try:
+        callback(error)
+    except Exception:  # noqa: BLE001 - one listener's failure must not keep the others from hearing
+        logger.exception("a callback on the engine's death failed")
 
 
 def _widen(conn, size: int = 1 << 20) -> None:

@@ -23,7 +23,8 @@ def _register_generate(sub) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from heron import LLM, SamplingParams
+    from heron.entrypoints.llm import LLM
+    from heron.sampling_params import SamplingParams
 
     llm = LLM(args.model)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)

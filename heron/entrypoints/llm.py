@@ -111,6 +111,7 @@ class LLM:
         ids = []
         try:
             for prompt, p, prio in zip(prompts, params, priority):
+                p.verify_vocab(self.engine.model_cfg.vocab_size)
                 ids.append(str(next(self._ids)))
                 self.engine.add_request(ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens)
         except Exception:

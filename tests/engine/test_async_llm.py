@@ -11,8 +11,10 @@ import threading
 import pytest
 
 from heron.config import CacheConfig, EngineConfig
+from heron.engine import async_llm as async_llm_module
 from heron.engine.async_llm import TOKENIZE_INLINE_CHARS, AsyncLLM, EngineDeadError
 from heron.sampling_params import SamplingParams
+from tests.engine.scripted_engine_core import DIE, HANG, LATE_ACK, NO_ACK, REJECT, STREAM, TOKEN, run_scripted_core
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +136,71 @@ def test_a_dead_engine_process_fails_requests_instead_of_hanging():
             asyncio.run(later())
     finally:
         engine.shutdown()
+
+
+# -- the engine's acknowledgement, scripted (tests/engine/scripted_engine_core.py) ----------------------------
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    monkeypatch.setattr(async_llm_module, "run_engine_core", run_scripted_core)
+    engine = AsyncLLM.from_config(EngineConfig())
+    yield engine
+    engine.shutdown()
+
+
+async def _collect(engine: AsyncLLM, prompt: list[int], request_id: str) -> list:
+    return [out async for out in engine.generate(prompt, SamplingParams(max_tokens=5), request_id)]
+
+
+async def _give_up(engine: AsyncLLM, prompt: list[int], request_id: str) -> None:
+    """A client that times out while its request still waits for the engine's acknowledgement."""
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(_collect(engine, prompt, request_id), 0.3)
+
+
+def test_clients_that_give_up_before_the_acknowledgement_leave_the_engine_alive(scripted):
+    async def run():
+        await _give_up(scripted, [LATE_ACK], "gave-up-1")
+        await _give_up(scripted, [LATE_ACK], "gave-up-2")
+        scripted.abort("never-seen")  # an id the engine does not know
+        # Both late acknowledgements are in the pipe ahead of this request's.
+        return await asyncio.wait_for(_collect(scripted, [STREAM, 3], "after"), 30)
+
+    outs = asyncio.run(run())
+    assert scripted.dead is None
+    assert outs[-1].finished and outs[-1].outputs[0].token_ids == [TOKEN] * 3
+
+
+def test_a_rejected_prompt_beside_a_cancelled_one_leaves_the_engine_alive(scripted):
+    async def run():
+        # As the server does with a list of prompts: the first failure cancels the others.
+        sibling = asyncio.ensure_future(_collect(scripted, [LATE_ACK], "sibling"))
+        bad = asyncio.ensure_future(_collect(scripted, [REJECT], "bad"))
+        await asyncio.wait([sibling, bad], return_when=asyncio.FIRST_EXCEPTION)
+        sibling.cancel()
+        await asyncio.gather(sibling, return_exceptions=True)
+        with pytest.raises(ValueError, match="max_tokens"):
+            bad.result()
+        return await asyncio.wait_for(_collect(scripted, [STREAM, 2], "after"), 30)
+
+    outs = asyncio.run(run())
+    assert scripted.dead is None and outs[-1].outputs[0].token_ids == [TOKEN] * 2
+
+
+def test_engine_death_after_cancelled_waiters_fails_every_request(scripted):
+    async def run():
+        await _give_up(scripted, [NO_ACK], "gave-up-1")
+        await _give_up(scripted, [NO_ACK], "gave-up-2")
+        in_flight = scripted.generate([HANG], SamplingParams(), "in-flight")
+        await anext(in_flight)
+        dying = asyncio.ensure_future(_collect(scripted, [DIE], "die"))
+        with pytest.raises(EngineDeadError, match="scripted engine failure"):
+            await asyncio.wait_for(anext(in_flight), 10)  # a hang would time out instead
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(dying, 10)
+        with pytest.raises(EngineDeadError):
+            await _collect(scripted, [STREAM, 1], "later")
+
+    asyncio.run(run())
+    assert scripted.dead is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -126,22 +127,75 @@ def test_more_samples_than_max_num_seqs_is_refused(embedded_llm):
         embedded_llm.generate("hi", SamplingParams(n=300), use_tqdm=False)
 
 
-@pytest.mark.parametrize(
-    "field,value",
-    [
-        ("temperature", -1),
-        ("top_p", 0),
-        ("top_p", 1.5),
-        ("top_k", -2),
-        ("n", 0),
-        ("max_tokens", 0),
-        ("min_p", 2),
-        ("presence_penalty", 3),
-    ],
-)
+INVALID_SAMPLING_FIELDS = [
+    ("temperature", -1),
+    ("temperature", 101),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("top_p", math.nan),
+    ("top_k", -2),
+    ("top_k", 2**31),
+    ("top_k", 2**63),  # once crashed the engine's step (int64 overflow in the sampler)
+    ("top_k", 5.0),
+    ("n", 0),
+    ("n", True),
+    ("n", 2**31),
+    ("max_tokens", 0),
+    ("max_tokens", 2**31),
+    ("min_tokens", -1),
+    ("min_p", 2),
+    ("min_p", -math.inf),
+    ("presence_penalty", 3),
+    ("presence_penalty", math.inf),
+    ("frequency_penalty", -math.nan),
+    ("repetition_penalty", 0),
+    ("repetition_penalty", 101),
+    ("seed", 2**63),
+    ("seed", -(2**63) - 1),
+    ("seed", "7"),
+    ("logprobs", 21),
+    ("logprobs", -1),
+    ("prompt_logprobs", 21),
+    ("stop", [""]),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", [2**31]),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {5: 101}),
+    ("logit_bias", {5: math.nan}),
+]
+
+
+@pytest.mark.parametrize("field,value", INVALID_SAMPLING_FIELDS)
 def test_invalid_sampling_fields_are_named(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=f"^{field} "):
         SamplingParams(**{field: value})
+
+
+def test_sampling_ranges_hold_at_their_edges(embedded_llm):
+    """The largest values each range allows run through the sampler (top_k and seed land in int64 tensors)."""
+    vocab = embedded_llm.engine.model_cfg.vocab_size
+    edges = [
+        SamplingParams(max_tokens=2, top_k=2**31 - 1, seed=2**63 - 1, temperature=100, logprobs=20),
+        SamplingParams(max_tokens=2, top_k=0, seed=-(2**63), repetition_penalty=100, prompt_logprobs=20),
+        SamplingParams(max_tokens=2, temperature=0.0, repetition_penalty=0.01, presence_penalty=-2, min_p=1.0),
+        SamplingParams(max_tokens=2, min_tokens=2, logit_bias={vocab - 1: 100.0}, temperature=0),
+        SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1], logit_bias={vocab - 1: 100.0}, temperature=0),
+    ]
+    outs = [o.outputs[0] for o in embedded_llm.generate(["Hello"] * len(edges), edges, use_tqdm=False)]
+    assert all(len(o.token_ids) == 2 for o in outs[:4])
+    assert outs[3].token_ids == [vocab - 1] * 2  # the bias was applied, not ignored
+    assert outs[4].token_ids == [vocab - 1] and outs[4].finish_reason == "stop"
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(embedded_llm):
+    vocab = embedded_llm.engine.model_cfg.vocab_size
+    for params in (SamplingParams(logit_bias={vocab: 5.0}), SamplingParams(stop_token_ids=[vocab])):
+        with pytest.raises(ValueError, match=f"below the vocabulary size \\({vocab}\\)"):
+            embedded_llm.generate("hi", params, use_tqdm=False)
+    assert not embedded_llm.engine.has_unfinished()
 
 
 def test_unknown_architecture_names_the_supported_ones(tmp_path, tiny_model_dir):

@@ -18,7 +18,7 @@ import pytest
 from heron import LLM, SamplingParams
 from heron.distributed import get_tp_world_size
 from heron.entrypoints.cli import build_parser
-from heron.entrypoints.openai.cli import serve_engine_config
+from heron.entrypoints.openai.server_config import serve_engine_config
 from heron.executor import tp_worker
 from heron.executor.graph_keys import GraphKeys
 

@@ -1,15 +1,16 @@
 """The HTTP server: FastAPI routes over one AsyncLLM, run by uvicorn on uvloop.
 
 The socket opens at once and the model loads in a background thread, so /health answers 503 until it is
-ready (and again if the engine dies). SIGTERM / SIGINT stop accepting connections, give in-flight requests
---shutdown-timeout seconds to finish, then stop the engine and exit 0."""
+ready. SIGTERM / SIGINT stop accepting connections and give in-flight requests --shutdown-timeout seconds
+to finish; a stream still running then ends with an error event and [DONE], a plain request with a 503;
+then the engine stops and the server exits 0. If the engine dies, every request in flight gets an error at
+once and the server exits 1, for its supervisor to restart it (as vLLM does)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
@@ -23,18 +24,21 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
-from heron.engine.async_llm import AsyncLLM, EngineDeadError
-from heron.entrypoints.openai.cli import api_keys, serve_engine_config
+from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
+from heron.entrypoints.openai.admission import Admission
+from heron.entrypoints.openai.errors import ApiError, api_error
+from heron.entrypoints.openai.limits import RequestLimits
+from heron.entrypoints.openai.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from heron.entrypoints.openai.protocol import (
+    REQUEST_FIELDS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -48,9 +52,10 @@ from heron.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from heron.entrypoints.openai.server_config import api_keys, engine_cpu_threads, serve_engine_config
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from heron.entrypoints.openai.serving_engine import ApiError, ClientDisconnected
+from heron.entrypoints.openai.serving_engine import ClientDisconnected
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from heron.metrics import ServerMetrics, StatLogger
 from heron.models.loader import EMBEDDED_NAME
@@ -59,7 +64,8 @@ from heron.version import __version__
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 5.0
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+STREAM_GRACE_S = 5.0  # after --shutdown-timeout, for cut streams to send their error event before uvicorn cancels
+LOADING_RETRY_AFTER_S = 5
 
 
 @dataclass
@@ -69,33 +75,51 @@ class ServerState:
     args: argparse.Namespace
     served_model_names: list[str]
     metrics: ServerMetrics
-    on_load_failure: Callable[[], None] = lambda: None
+    admission: Admission
+    stop: Callable[[int], None] = lambda exit_code: None  # ask the server to exit with this code (on the loop)
     engine: AsyncLLM | None = None
+    limits: RequestLimits | None = None
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
     tokenization: OpenAIServingTokenization | None = None
     loader: threading.Thread | None = None
-    load_error: BaseException | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def attach(self, engine: AsyncLLM) -> None:
+        """On the event loop, once the model has loaded."""
+        self.limits = RequestLimits.of(engine.info, self.args.max_seqs_per_request)
         common = dict(
             engine=engine,
             served_model_names=self.served_model_names,
             metrics=self.metrics,
-            max_waiting_requests=self.args.max_waiting_requests,
+            admission=self.admission,
+            limits=self.limits,
             log_requests=self.args.enable_log_requests,
         )
         self.completion = OpenAIServingCompletion(**common)
         self.chat = OpenAIServingChat(**common)
         self.tokenization = OpenAIServingTokenization(**common)
         self.engine = engine
+        loop = asyncio.get_running_loop()
+        engine.on_dead(lambda error: loop.call_soon_threadsafe(self._engine_died, error))
         logger.info(
             "Model %s is ready (max_model_len %d): serving it as %s",
             engine.model_name,
             engine.max_model_len,
             ", ".join(self.served_model_names),
         )
+
+    def _engine_died(self, error: BaseException) -> None:
+        logger.error("The engine has stopped (%s): exiting with code 1, for a supervisor to restart the server", error)
+        self.stop(1)
+
+    def abort_in_flight(self) -> None:
+        """--shutdown-timeout has passed: end what still runs."""
+        if self.engine is not None:
+            self.engine.abort_all(
+                f"The server is shutting down: requests still running after --shutdown-timeout "
+                f"({self.args.shutdown_timeout:g} s) are aborted."
+            )
 
 
 router = APIRouter()
@@ -108,13 +132,18 @@ def _state(raw: Request) -> ServerState:
 def _ready(raw: Request) -> ServerState:
     s = _state(raw)
     if s.engine is None:
-        raise ApiError(503, "The model is still loading; retry when /health answers 200.", code="model_loading")
+        raise ApiError(
+            503,
+            "The model is still loading; retry when /health answers 200.",
+            code="model_loading",
+            headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
+        )
     if s.engine.dead is not None:
-        raise ApiError(503, f"The engine has stopped: {s.engine.dead!r}", code="engine_dead")
+        raise api_error(EngineDeadError(f"the engine has stopped: {s.engine.dead!r}"))
     return s
 
 
-@router.get("/health", responses={503: {"model": ErrorResponse}})
+@router.get("/health", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
 async def health(raw: Request) -> Response:
     """200 once the model is loaded and the engine runs; 503 before, and after the engine died."""
     _ready(raw)
@@ -142,7 +171,7 @@ async def list_models(raw: Request) -> ModelList:
     )
 
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
@@ -159,12 +188,12 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
 
 @router.post("/tokenize", responses=_ERRORS)
 async def tokenize(body: TokenizeRequest, raw: Request) -> TokenizeResponse:
-    return _ready(raw).tokenization.tokenize(body)
+    return await _ready(raw).tokenization.tokenize(body)
 
 
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
-    return _ready(raw).tokenization.detokenize(body)
+    return await _ready(raw).tokenization.detokenize(body)
 
 
 @router.get("/docs", include_in_schema=False)
@@ -179,41 +208,29 @@ async def swagger_ui() -> HTMLResponse:
     )
 
 
-class ApiKeyMiddleware:
-    """Bearer-key check on the model's routes (/health, /metrics and the docs stay open). Every key is
-    compared in constant time, so neither a key's prefix nor which key matched leaks through timing."""
-
-    def __init__(self, app: ASGIApp, keys: list[str]) -> None:
-        self.app = app
-        self.keys = [k.encode() for k in keys]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIXES):
-            auth = Headers(scope=scope).get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            given = token.strip().encode() if scheme.lower() == "bearer" else b""
-            ok = False
-            for key in self.keys:
-                ok |= hmac.compare_digest(given, key)
-            if not ok:
-                msg = "Incorrect API key provided." if given else "Missing API key: send `Authorization: Bearer KEY`."
-                await ApiError(401, msg, code="invalid_api_key").response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def _validation_param(loc: tuple) -> str | None:
-    """pydantic's error location as OpenAI writes `param` (`messages.[0].role`), without the union-member
-    tags pydantic inserts (`str`, `list[int]`, class names)."""
+    """pydantic's error location as OpenAI writes `param` (`messages.[0].role`): field names and list
+    indices, up to the first union-member tag pydantic inserts (`str`, `list[int]`) or dict key."""
     parts = []
     for x in loc[1:]:  # loc[0] is "body"
         if isinstance(x, int):
             parts.append(f"[{x}]")
-        elif x.isidentifier() and x.islower() and x not in ("str", "int", "float", "bool", "list", "dict"):
+        elif x in REQUEST_FIELDS:
             parts.append(x)
         else:
             break
     return ".".join(parts) or None
+
+
+def _unicode_error(value) -> str:
+    """The message for text with a lone surrogate; `value` is that text, or a list or dict holding it."""
+    texts = [value] if isinstance(value, str) else [str(v) for v in value]
+    found = next(((t, i) for t in texts for i, c in enumerate(t) if "\ud800" <= c <= "\udfff"), None)
+    where = f" ({found[0][found[1]]!r} at character {found[1]})" if found is not None else ""
+    return (
+        f"text must be valid Unicode, but holds a lone UTF-16 surrogate{where}: JSON writes a character "
+        "beyond U+FFFF as a pair of escapes (\\ud83d\\ude00), and half of a pair is no character."
+    )
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -223,38 +240,47 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> Response:
-        # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`).
-        err = max(e.errors(), key=lambda err: len(err["loc"]))
+        # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`);
+        # text that is not Unicode says all.
+        errors = e.errors()
+        unicode = [x for x in errors if x["type"] == "string_unicode"]
+        err = unicode[0] if unicode else max(errors, key=lambda x: len(x["loc"]))
         if err["type"] == "json_invalid":
             why = err.get("ctx", {}).get("error", err["msg"])
             return ApiError(400, f"The body is not valid JSON: {why}").response()
+        msg = _unicode_error(err["input"]) if err["type"] == "string_unicode" else err["msg"]
         param = _validation_param(tuple(err["loc"]))
-        return ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param).response()
+        return ApiError(400, f"{param}: {msg}" if param else msg, param=param).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> Response:
-        return ApiError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None).response()
+        code = {404: "not_found", 413: "request_too_large"}.get(e.status_code)
+        return ApiError(e.status_code, str(e.detail), code=code).response()
 
     @app.exception_handler(EngineDeadError)
-    async def engine_dead(_: Request, e: EngineDeadError) -> Response:
-        return ApiError(503, str(e), code="engine_dead").response()
+    @app.exception_handler(RequestAbortedError)
+    async def engine_error(_: Request, e: Exception) -> Response:
+        return api_error(e).response()
 
     @app.exception_handler(ClientDisconnected)
     async def disconnected(_: Request, e: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nobody reads it
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception) -> Response:
-        return ApiError(500, f"Internal server error: {type(e).__name__}").response()
+    # Anything else: InternalErrorMiddleware.
 
 
 def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     names = args.served_model_name or [args.model or EMBEDDED_NAME]
+    admission = Admission(args.max_waiting_requests)
     state = ServerState(
         args=args,
         served_model_names=names,
-        metrics=ServerMetrics(names[0], lambda: state.engine.get_stats() if state.engine else None),
+        metrics=ServerMetrics(
+            names[0], lambda: state.engine.get_stats() if state.engine else None, lambda: admission.waiting
+        ),
+        admission=admission,
     )
+    cpu_threads = engine_cpu_threads(args, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -262,11 +288,10 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
 
         def load() -> None:
             try:
-                engine = AsyncLLM.from_config(config)
-            except BaseException as e:  # noqa: BLE001 - reported, and the server exits
+                engine = AsyncLLM.from_config(config, cpu_threads=cpu_threads)
+            except BaseException:  # noqa: BLE001 - reported, and the server exits
                 logger.exception("Could not load the model")
-                state.load_error = e
-                loop.call_soon_threadsafe(state.on_load_failure)
+                loop.call_soon_threadsafe(state.stop, 1)
                 return
             loop.call_soon_threadsafe(state.attach, engine)
 
@@ -294,10 +319,25 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     app.include_router(router)
     app.mount("/swagger-ui", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
     _install_error_handlers(app)
+    app.openapi = lambda: _openapi(app, state)
+    # Added innermost first: a request meets InternalErrorMiddleware, then the key check, then the size.
+    app.add_middleware(BodyLimitMiddleware, limit=args.max_request_body_bytes)
     keys = api_keys(args)
     if keys:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
+    app.add_middleware(InternalErrorMiddleware)
     return app
+
+
+def _openapi(app: FastAPI, state: ServerState) -> dict:
+    """The schema, with the limits of the loaded model written in (kept once they are known)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    if state.limits is not None:
+        state.limits.annotate(schema, state.served_model_names)
+        app.openapi_schema = schema
+    return schema
 
 
 async def _log_stats(state: ServerState) -> None:
@@ -309,6 +349,19 @@ async def _log_stats(state: ServerState) -> None:
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets=None) -> None:
+        # uvicorn cancels what still runs at its own timeout, mid-write; ours comes first and ends each
+        # request in the API's terms.
+        deadline = asyncio.get_running_loop().call_later(self.state.args.shutdown_timeout, self.state.abort_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            deadline.cancel()
+
     @contextlib.contextmanager
     def capture_signals(self):
         # uvicorn re-raises the signal once it has shut down, which ends the process with 128 + signal; a
@@ -336,6 +389,7 @@ def run_server(args: argparse.Namespace) -> int:
     # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
     # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
     sys.setswitchinterval(0.001)
+    state: ServerState = app.state.server
     server = _Server(
         uvicorn.Config(
             app,
@@ -343,13 +397,20 @@ def run_server(args: argparse.Namespace) -> int:
             port=args.port,
             loop="uvloop",
             log_level=args.uvicorn_log_level,
-            timeout_graceful_shutdown=args.shutdown_timeout,
-        )
+            timeout_graceful_shutdown=args.shutdown_timeout + STREAM_GRACE_S,
+        ),
+        state,
     )
-    state: ServerState = app.state.server
-    state.on_load_failure = lambda: setattr(server, "should_exit", True)
+    exit_code = 0
+
+    def stop(code: int) -> None:
+        nonlocal exit_code
+        exit_code = max(exit_code, code)
+        server.should_exit = True
+
+    state.stop = stop
     server.run()
-    code = 1 if state.load_error is not None or not server.started else 0
+    code = 1 if not server.started else exit_code
     if state.loader is not None and state.loader.is_alive():
         # Stopped while loading: the loader is inside torch and cannot be interrupted, and finalizing the
         # interpreter under it aborts the process. Nothing is left to clean up, so leave at once.

@@ -1,13 +1,12 @@
-"""`heron serve [MODEL]`: the flags, named as `vllm serve` names them, and the EngineConfig they make."""
+"""`heron serve [MODEL]`: the flags, named as `vllm serve` names them (server_config.py reads them)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
-from heron.config import EngineConfig
-from heron.entrypoints.engine_args import add_engine_args, engine_config
+from heron.entrypoints.engine_args import add_engine_args
+from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
 
 
 def register(subparsers) -> None:
@@ -57,15 +56,36 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-waiting-requests",
-        type=int,
+        type=_positive,
         default=None,
-        help="answer 503 while this many accepted requests are still waiting for their first token (default: no limit)",
+        help="answer 503 (with Retry-After) while this many accepted prompts, over all endpoints, are still "
+        "waiting for their first token (default: no limit)",
+    )
+    g.add_argument(
+        "--max-seqs-per-request",
+        type=_positive,
+        default=DEFAULT_MAX_SEQS_PER_REQUEST,
+        help="prompts x n that one request may ask for (400 beyond); n is also at most --max-num-seqs",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=_positive,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="answer 413 to a larger request body, without reading the rest of it",
+    )
+    g.add_argument(
+        "--cpu-threads",
+        type=_positive,
+        default=None,
+        help="torch threads of the engine process when it runs on the CPU (default: $OMP_NUM_THREADS if set, "
+        "else min(4, cores - 1), leaving a core to the HTTP side)",
     )
     g.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM/SIGINT, seconds that in-flight requests get to finish before they are aborted",
+        help="on SIGTERM/SIGINT, seconds that in-flight requests get to finish; then a stream ends with an "
+        "error event and [DONE], a plain request with 503",
     )
     g.add_argument(
         "--uvicorn-log-level",
@@ -80,19 +100,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The engine flags plus the server's own model-level ones (chat template, served names)."""
-    template = args.chat_template
-    if template is not None and Path(template).is_file():
-        template = Path(template).read_text()
-    names = args.served_model_name
-    return engine_config(args, chat_template=template, served_model_name=names[0] if names else None)
-
-
-def api_keys(args: argparse.Namespace) -> list[str]:
-    keys = list(args.api_key or [])
-    keys += [k for k in os.environ.get("HERON_API_KEY", "").split(",") if k]
-    return keys
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,18 +1,90 @@
 """The wire format: pydantic models of OpenAI's requests and responses, field for field, plus the sampling
-extras vLLM accepts (top_k, min_p, ...). Limits that only the API has (at most 20 logprobs) live here;
-the sampling rules themselves are `SamplingParams`', checked once when the parameters are built."""
+extras vLLM accepts (top_k, min_p, ...).
+
+Request bodies are strict: `true` is not a token id, `"yes"` not a boolean, NaN and Infinity not numbers,
+and text must be valid Unicode (JSON may carry a lone UTF-16 surrogate, which no tokenizer can encode).
+Every numeric field states its range here, taken from `heron.sampling_params.RANGES` where SamplingParams
+checks the same field; limits that depend on the model or the server's flags (max_model_len, the
+vocabulary, --max-seqs-per-request) are checked by the serving code and written into /openapi.json by
+`limits.RequestLimits.annotate`."""
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+)
+from pydantic_core import PydanticCustomError
+
+from heron.sampling_params import INT64_MAX, INT64_MIN, LOGIT_BIAS, RANGES, TOKEN_ID
+
+MAX_STOP = 64  # stop strings per request: each is searched for in every new piece of text
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 256  # entries: the sampler builds each one per step in Python
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(low: int, high: int) -> Any:
+    """An integer in [low, high], also when JSON writes it 4.0 (JSON Schema's integers include those, and so
+    does vLLM), but never a bool or a string. (The range sits inside the type, so that `integer(...) | None`
+    states it in the JSON schema.)"""
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_integral)]
+
+
+def ranged(name: str) -> Any:
+    """The type of SamplingParams' field `name`, with its range."""
+    r = RANGES[name]
+    if r.integer:
+        return integer(r.low, r.high)
+    return Annotated[float, Field(**{"gt" if r.low_open else "ge": r.low, "le": r.high})]
+
+
+TokenId = integer(TOKEN_ID.low, TOKEN_ID.high)
 
 
 class OpenAIBaseModel(BaseModel):
     # Unknown fields are ignored, as OpenAI-style clients send ones we have no use for.
     model_config = ConfigDict(extra="ignore")
+
+
+class RequestModel(OpenAIBaseModel):
+    """A request body, or part of one. Strict, so that its checks hold whatever JSON says."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode(cls, value: Any) -> Any:
+        # pydantic refuses a lone surrogate by itself only in text it must measure or match (min_length,
+        # pattern): the same error here for all the rest.
+        if not _valid_unicode(value):
+            raise PydanticCustomError("string_unicode", "Input should be valid Unicode text")
+        return value
+
+
+def _valid_unicode(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    elif isinstance(value, list) and value and isinstance(value[0], str | list):  # not a list of token ids
+        return all(map(_valid_unicode, value))
+    elif isinstance(value, dict):
+        return all(map(_valid_unicode, value))
+    return True
 
 
 # -- errors ------------------------------------------------------------------------------------------------
@@ -32,7 +104,7 @@ class ErrorResponse(OpenAIBaseModel):
 # -- shared pieces -----------------------------------------------------------------------------------------
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
@@ -42,43 +114,59 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
-class SamplingRequest(OpenAIBaseModel):
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]*)$")]
+LogitBiasValue = Annotated[float, Field(ge=LOGIT_BIAS.low, le=LOGIT_BIAS.high)]
+
+
+class SamplingRequest(RequestModel):
     """Fields that completions and chat share. Unset temperature / top_p / top_k / repetition_penalty fall
     back to the model's generation_config, then to `SamplingParams`' defaults."""
 
     model: str | None = Field(None, description="A served model name; the first one if omitted.")
-    n: int = Field(1, le=128)
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    n: ranged("n") = Field(1, description="Samples per prompt; prompts x n at most --max-seqs-per-request.")
+    frequency_penalty: ranged("frequency_penalty") = 0.0
+    presence_penalty: ranged("presence_penalty") = 0.0
+    logit_bias: dict[LogitBiasKey, LogitBiasValue] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> bias in [-100, 100]."
+    )
+    seed: ranged("seed") | None = None
+    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: ranged("temperature") | None = None
+    top_p: ranged("top_p") | None = None
     user: str | None = None
     # Extras beyond OpenAI's schema, named as in vLLM.
-    top_k: int | None = Field(None, description="Sample from the k most likely tokens; -1 or 0: all.")
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    min_tokens: int = 0
+    top_k: ranged("top_k") | None = Field(None, description="Sample from the k most likely tokens; -1 or 0: all.")
+    min_p: ranged("min_p") = 0.0
+    repetition_penalty: ranged("repetition_penalty") | None = None
+    min_tokens: ranged("min_tokens") = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = Field(0, description="Lower runs first under --scheduling-policy priority.")
+    priority: integer(INT64_MIN, INT64_MAX) = Field(
+        0, description="Lower runs first under --scheduling-policy priority."
+    )
 
 
 # -- /v1/completions ---------------------------------------------------------------------------------------
 
 
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    prompt: (
+        Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    )
+    max_tokens: ranged("max_tokens") | None = 16
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    suffix: str | None = None
+    logprobs: ranged("logprobs") | None = None
+    # Validated as text so that its refusal can say why (serving_completion); the schema admits only null.
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "Not supported."})] = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -108,12 +196,12 @@ class CompletionResponse(OpenAIBaseModel):
 # -- /v1/chat/completions ----------------------------------------------------------------------------------
 
 
-class TextContentPart(OpenAIBaseModel):
+class TextContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessageParam(OpenAIBaseModel):
+class ChatMessageParam(RequestModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
@@ -121,10 +209,12 @@ class ChatMessageParam(OpenAIBaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1)
-    max_tokens: int | None = Field(None, description="Deprecated by OpenAI in favour of max_completion_tokens.")
-    max_completion_tokens: int | None = None
+    max_tokens: ranged("max_tokens") | None = Field(
+        None, description="Deprecated by OpenAI in favour of max_completion_tokens."
+    )
+    max_completion_tokens: ranged("max_tokens") | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: ranged("logprobs") | None = None
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -208,7 +298,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestModel):
     """Either a prompt, or chat messages to render with the chat template first."""
 
     model: str | None = None
@@ -224,9 +314,9 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(OpenAIBaseModel):
@@ -235,3 +325,10 @@ class DetokenizeResponse(OpenAIBaseModel):
 
 class VersionResponse(OpenAIBaseModel):
     version: str
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    return set(model.model_fields).union(*(_field_names(m) for m in model.__subclasses__()))
+
+
+REQUEST_FIELDS = frozenset(_field_names(RequestModel))  # every field of every request body

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
-from heron.engine.async_llm import EngineDeadError
+from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChunk,
@@ -25,12 +22,12 @@ from heron.entrypoints.openai.protocol import (
     DeltaMessage,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import ApiError, OpenAIServing, last, sse, sse_error, until_disconnected
-from heron.outputs import Logprobs, RequestOutput
+from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
+from heron.outputs import Logprobs
 
 
 class OpenAIServingChat(OpenAIServing):
-    async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | StreamingResponse:
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | EventStream:
         model = self.model_name(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
@@ -44,7 +41,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = self.render(req.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The template already holds the special tokens (BOS and the like): none are added again.
-        [stream] = await self.start(
+        group = await self.start(
             raw,
             request_id,
             [prompt],
@@ -55,69 +52,55 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens_param=max_param,
         )
         if req.stream:
-            return StreamingResponse(self._stream(request_id, model, req, stream), media_type="text/event-stream")
-        out: RequestOutput = await until_disconnected(raw, last(stream))
-        choices = [
-            ChatCompletionResponseChoice(
-                index=c.index,
-                message=ChatMessage(content=c.text),
-                finish_reason=c.finish_reason,
-                logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
-            )
-            for c in out.outputs
-        ]
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=_usage(out))
+            created = int(time.time())
 
-    async def _stream(
-        self, request_id: str, model: str, req: ChatCompletionRequest, stream: AsyncIterator[RequestOutput]
-    ) -> AsyncIterator[str]:
-        """Server-sent events: first the role for each choice, then the text new since the last chunk, the
-        finish reason on the last one, a usage chunk when asked, and [DONE]."""
-        created = int(time.time())
+            def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
+                c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
+                return c.model_dump_json()
 
-        def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
-            c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
-            return sse(c.model_dump_json())
+            def fragment_chunk(fragment: Fragment) -> str | None:
+                piece = self._choice(req, fragment)
+                if not (piece.delta.content or piece.finish_reason or (piece.logprobs and piece.logprobs.content)):
+                    return None  # new tokens whose text is held back (a stop string may be starting)
+                return chunk([piece])
 
-        for i in range(req.n):
-            yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        sent_text = [0] * req.n
-        sent_tokens = [0] * req.n
-        finished: set[int] = set()  # a finished sample stays in the request's later outputs: said once
-        out = None
-        try:
-            async with aclosing(stream):
-                async for out in stream:
-                    for c in out.outputs:
-                        i = c.index
-                        if i in finished:
-                            continue
-                        text = c.text[sent_text[i] :]
-                        new_ids = c.token_ids[sent_tokens[i] :]
-                        lps = (c.logprobs or [])[sent_tokens[i] :]
-                        sent_text[i] += len(text)
-                        sent_tokens[i] = len(c.token_ids)
-                        if not (text or c.finish_reason or (req.logprobs and new_ids)):
-                            continue
-                        if c.finish_reason:
-                            finished.add(i)
-                        yield chunk(
-                            [
-                                ChatCompletionStreamChoice(
-                                    index=i,
-                                    delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                                    finish_reason=c.finish_reason,
-                                    logprobs=self._logprobs(new_ids, lps, req.top_logprobs or 0)
-                                    if req.logprobs
-                                    else None,
-                                )
-                            ]
-                        )
-            if req.stream_options is not None and req.stream_options.include_usage and out is not None:
-                yield chunk([], usage=_usage(out))
-        except EngineDeadError as e:
-            yield sse_error(e)
-        yield sse("[DONE]")
+            # The role first, for each choice; then each one's text as it comes, the finish reason last.
+            opening = [
+                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+                for i in range(req.n)
+            ]
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            usage_chunk = (lambda usage: chunk([], usage)) if include_usage else None
+            return EventStream(self.events(group, req.n, fragment_chunk, opening, usage_chunk), group)
+        choices: dict[int, ChatCompletionResponseChoice] = {}
+
+        def add(fragment: Fragment) -> None:
+            piece = self._choice(req, fragment)
+            choice = choices.get(piece.index)
+            if choice is None:
+                choice = choices[piece.index] = ChatCompletionResponseChoice(
+                    index=piece.index,
+                    message=ChatMessage(content=""),
+                    logprobs=ChatChoiceLogprobs(content=[]) if req.logprobs else None,
+                )
+            choice.message.content += piece.delta.content or ""
+            choice.finish_reason = piece.finish_reason
+            if piece.logprobs is not None:
+                choice.logprobs.content += piece.logprobs.content
+
+        usage = await self.answer(raw, group, req.n, add)
+        choices_in_order = [choices[i] for i in sorted(choices)]
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices_in_order, usage=usage)
+
+    def _choice(self, req: ChatCompletionRequest, fragment: Fragment) -> ChatCompletionStreamChoice:
+        """A sample's news as a choice: a stream's chunk, or a piece of the plain answer."""
+        index, _, c = fragment
+        return ChatCompletionStreamChoice(
+            index=index,
+            delta=DeltaMessage(content=c.text) if c.text else DeltaMessage(),
+            finish_reason=c.finish_reason,
+            logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
+        )
 
     def _logprobs(self, token_ids: list[int], lps: list[Logprobs] | None, k: int) -> ChatChoiceLogprobs:
         content = []
@@ -129,12 +112,3 @@ class OpenAIServingChat(OpenAIServing):
             ]
             content.append(ChatTokenLogprob(token=s, logprob=lp[tok], bytes=list(s.encode()), top_logprobs=top))
         return ChatChoiceLogprobs(content=content)
-
-
-def _usage(out: RequestOutput) -> UsageInfo:
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    return UsageInfo(
-        prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=completion,
-        total_tokens=len(out.prompt_token_ids) + completion,
-    )

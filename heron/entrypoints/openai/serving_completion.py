@@ -3,15 +3,11 @@ sample j, as in OpenAI's API."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
-from heron.engine.async_llm import EngineDeadError
+from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -19,20 +15,12 @@ from heron.entrypoints.openai.protocol import (
     CompletionResponseChoice,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import (
-    ApiError,
-    OpenAIServing,
-    last,
-    merge,
-    sse,
-    sse_error,
-    until_disconnected,
-)
+from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
 from heron.outputs import Logprobs, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, req: CompletionRequest, raw: Request) -> CompletionResponse | StreamingResponse:
+    async def create(self, req: CompletionRequest, raw: Request) -> CompletionResponse | EventStream:
         model = self.model_name(req.model)
         if req.suffix is not None:
             raise ApiError(400, "suffix is not supported.", param="suffix")
@@ -40,80 +28,55 @@ class OpenAIServingCompletion(OpenAIServing):
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
         params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_lps)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.start(
+        group = await self.start(
             raw, request_id, prompts, params, req.priority, add_special_tokens=True, prompt_param="prompt"
         )
         head = CompletionResponse(id=request_id, model=model, choices=[])
+        sent: dict[int, int] = {}  # choice index -> characters so far (echoed prompt included)
         if req.stream:
-            return StreamingResponse(self._stream(head, req, streams), media_type="text/event-stream")
-        finals: list[RequestOutput] = await until_disconnected(raw, asyncio.gather(*map(last, streams)))
-        choices = []
-        for i, out in enumerate(finals):
-            for c in out.outputs:
-                text, logprobs = c.text, None
-                if req.echo:
-                    text = self._prompt_text(out) + text
-                if req.logprobs is not None:
-                    logprobs = CompletionLogProbs()
-                    if req.echo:
-                        self._add_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs, 0)
-                    self._add_logprobs(logprobs, c.token_ids, c.logprobs, _end(logprobs))
-                choices.append(
-                    CompletionResponseChoice(
-                        index=i * req.n + c.index, text=text, logprobs=logprobs, finish_reason=c.finish_reason
-                    )
-                )
-        return head.model_copy(update={"choices": choices, "usage": _usage(finals)})
 
-    async def _stream(
-        self, head: CompletionResponse, req: CompletionRequest, streams: list[AsyncIterator[RequestOutput]]
-    ) -> AsyncIterator[str]:
-        """Server-sent events: one chunk per choice that advanced, each with the text (and tokens) new since
-        the last; a usage chunk when asked; then [DONE]."""
-        sent_text: dict[int, int] = {}  # choice index -> characters sent (echoed prompt included)
-        sent_tokens: dict[int, int] = {}
-        finished: set[int] = set()  # a finished sample stays in its request's later outputs: said once
-        latest: dict[int, RequestOutput] = {}
-        try:
-            async with aclosing(merge(streams)) as merged:
-                async for i, out in merged:
-                    latest[i] = out
-                    for c in out.outputs:
-                        idx = i * req.n + c.index
-                        if idx in finished:
-                            continue
-                        first = idx not in sent_text
-                        text = c.text[sent_text.get(idx, 0) :]
-                        done_ids = sent_tokens.get(idx, 0)
-                        new_ids = c.token_ids[done_ids:]
-                        if not (first or text or new_ids or c.finish_reason):
-                            continue
-                        logprobs = CompletionLogProbs() if req.logprobs is not None else None
-                        if first and req.echo:
-                            text = self._prompt_text(out) + text
-                            if logprobs is not None:
-                                self._add_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs, 0)
-                        if logprobs is not None:
-                            self._add_logprobs(
-                                logprobs,
-                                new_ids,
-                                (c.logprobs or [])[done_ids:],
-                                _end(logprobs) if first else sent_text[idx],
-                            )
-                        sent_text[idx] = sent_text.get(idx, 0) + len(text)
-                        sent_tokens[idx] = len(c.token_ids)
-                        if c.finish_reason:
-                            finished.add(idx)
-                        choice = CompletionResponseChoice(
-                            index=idx, text=text, logprobs=logprobs, finish_reason=c.finish_reason
-                        )
-                        yield sse(head.model_copy(update={"choices": [choice]}).model_dump_json())
-            if req.stream_options is not None and req.stream_options.include_usage:
-                usage = _usage([latest[i] for i in sorted(latest)])
-                yield sse(head.model_copy(update={"usage": usage}).model_dump_json())
-        except EngineDeadError as e:
-            yield sse_error(e)
-        yield sse("[DONE]")
+            def chunk(fragment: Fragment) -> str:
+                return head.model_copy(update={"choices": [self._choice(req, fragment, sent)]}).model_dump_json()
+
+            def usage_chunk(usage: UsageInfo) -> str:
+                return head.model_copy(update={"usage": usage}).model_dump_json()
+
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            return EventStream(
+                self.events(group, req.n, chunk, usage_chunk=usage_chunk if include_usage else None), group
+            )
+        choices: dict[int, CompletionResponseChoice] = {}
+
+        def add(fragment: Fragment) -> None:
+            piece = self._choice(req, fragment, sent)
+            if piece.index not in choices:
+                choices[piece.index] = piece
+                return
+            choice = choices[piece.index]
+            choice.text += piece.text
+            choice.finish_reason = piece.finish_reason
+            if piece.logprobs is not None:
+                for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+                    getattr(choice.logprobs, name).extend(getattr(piece.logprobs, name))
+
+        usage = await self.answer(raw, group, req.n, add)
+        return head.model_copy(update={"choices": [choices[i] for i in sorted(choices)], "usage": usage})
+
+    def _choice(self, req: CompletionRequest, fragment: Fragment, sent: dict[int, int]) -> CompletionResponseChoice:
+        """A sample's news as a choice: a stream's chunk, or a piece of the plain answer. Its first one begins
+        with the prompt under `echo`; logprobs in OpenAI's legacy layout, offsets counted in `sent`."""
+        index, first_output, c = fragment
+        first = index not in sent
+        text = c.text
+        logprobs = CompletionLogProbs() if req.logprobs is not None else None
+        if first and req.echo:
+            text = self._prompt_text(first_output) + text
+            if logprobs is not None:
+                self._add_logprobs(logprobs, first_output.prompt_token_ids, first_output.prompt_logprobs, 0)
+        if logprobs is not None:
+            self._add_logprobs(logprobs, c.token_ids, c.logprobs, _end(logprobs) if first else sent[index])
+        sent[index] = sent.get(index, 0) + len(text)
+        return CompletionResponseChoice(index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason)
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
@@ -147,9 +110,3 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str 
 def _end(lp: CompletionLogProbs) -> int:
     """The text offset just past the last token in `lp`."""
     return lp.text_offset[-1] + len(lp.tokens[-1]) if lp.tokens else 0
-
-
-def _usage(outs: list[RequestOutput]) -> UsageInfo:
-    prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -1,59 +1,49 @@
-"""What completions and chat share: model names, errors, sampling parameters, admission, client
-disconnects, and the latency metrics taken as outputs stream by.
+"""What completions and chat share: model names, sampling parameters, a request's size and admission,
+client disconnects, and the latency metrics taken as outputs stream by.
 
-A request is started before any response is sent: its first output is awaited, so that everything the
-engine rejects (a prompt too long, max_tokens that cannot fit) is a clean 400 and never an error in the
-middle of an event stream. From then on the caller owns one async iterator of cumulative outputs per
-prompt; closing it, or being cancelled, aborts the request in the engine and frees its blocks."""
+A request is checked, and accepted by the engine, before any response is sent: what the engine rejects (a
+prompt too long, max_tokens that cannot fit) is a clean 400, not an error inside an event stream, and a
+stream's headers go out as soon as its requests are queued, before their first token. From then on the
+caller owns one async iterator of delta outputs per prompt; closing it, or being cancelled, aborts the
+request in the engine and frees its blocks. `fragments` is the one loop that reads them, for streams
+(`events`) and plain answers (`answer`) alike; each endpoint has one function that makes a fragment into a
+choice of its format.
+
+Fairness: a request's prompts enter the engine at most WAITING_PER_REQUEST at a time (the next one when
+one of them has its first token), so that a request of many prompts queues behind a later small request
+by a few prompts at most instead of all of them. Only the first ones are checked before the response:
+a later prompt the engine rejects fails a plain request with a 400 and a stream with an error event."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import StreamingResponse
 
-from heron.engine.async_llm import AsyncLLM, EngineDeadError
-from heron.entrypoints.openai.protocol import ChatMessageParam, ErrorInfo, ErrorResponse, SamplingRequest
+from heron.engine.async_llm import AsyncLLM, RequestStream
+from heron.entrypoints.openai.admission import Admission, Overloaded, Ticket
+from heron.entrypoints.openai.errors import ApiError, api_error, sse
+from heron.entrypoints.openai.limits import RequestLimits
+from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
 from heron.metrics import ServerMetrics
-from heron.outputs import Logprobs, RequestOutput
-from heron.sampling_params import SamplingParams
+from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
-class ApiError(Exception):
-    """An error answered with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
-        return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=self.status)
+WAITING_PER_REQUEST = 8
 
 
 class ClientDisconnected(Exception):
     """The client hung up before the answer was ready; nobody is left to answer."""
-
-
-def sse(data: str) -> str:
-    """One server-sent event."""
-    return f"data: {data}\n\n"
-
-
-def sse_error(e: EngineDeadError) -> str:
-    """The engine died mid-stream: the status line is long gone, so the error travels as an event."""
-    return sse(ApiError(503, str(e), code="engine_dead").response().body.decode())
 
 
 async def until_disconnected(raw: Request, work: Awaitable[T]) -> T:
@@ -107,11 +97,59 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
             await s.aclose()
 
 
-async def last(stream: AsyncIterator[T]) -> T:
-    async with aclosing(stream):
-        async for item in stream:  # noqa: B007 - the last one is the answer
-            pass
-    return item
+# A sample's news, with its choice index (prompt i's sample j is choice i * n + j) and its request's first
+# output (the prompt, its ids and logprobs, for echo), in the order they come.
+Fragment = tuple[int, RequestOutput, CompletionOutput]
+
+
+async def fragments(group: RequestGroup, n: int, usage: UsageInfo) -> AsyncIterator[Fragment]:
+    """The one loop over an HTTP request's delta outputs, for streams and plain answers alike: each sample's
+    news (a sample's finish comes once); `usage` adds up as they come."""
+    firsts: dict[int, RequestOutput] = {}
+    async with aclosing(merge(group.outputs)) as merged:
+        async for i, out in merged:
+            if i not in firsts:  # a request's first output carries its prompt
+                firsts[i] = out
+                usage.prompt_tokens += len(out.prompt_token_ids)
+            for c in out.outputs:
+                usage.completion_tokens += len(c.token_ids)
+                yield i * n + c.index, firsts[i], c
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+
+
+class RequestGroup:
+    """The engine requests of one HTTP request, one per prompt: `outputs`, an iterator of each one's delta
+    outputs (closing it aborts that request), and `close`, which ends them all and gives their places in the waiting
+    queue back whether or not their iterators ever ran (a client can leave before its response starts)."""
+
+    def __init__(self, tickets: list[Ticket]) -> None:
+        self.tickets = tickets
+        self.live: list[RequestStream] = []  # accepted by the engine
+        self.outputs: list[AsyncIterator[RequestOutput]] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for ticket in self.tickets:
+            ticket.release()
+        for stream in self.live:
+            stream.close()
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events of a request group, which ends with the response however the response ends."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(content)
+        self.group = group
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.group.close()
 
 
 class OpenAIServing:
@@ -120,16 +158,17 @@ class OpenAIServing:
         engine: AsyncLLM,
         served_model_names: list[str],
         metrics: ServerMetrics,
-        max_waiting_requests: int | None = None,
+        admission: Admission,
+        limits: RequestLimits,
         log_requests: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
         self.metrics = metrics
-        self.max_waiting_requests = max_waiting_requests
+        self.admission = admission
+        self.limits = limits
         self.log_requests = log_requests
-        self.num_waiting = 0  # requests accepted here that have no output yet; bounded by --max-waiting-requests
         self._generation_defaults = engine.generation_defaults
 
     def model_name(self, asked: str | None) -> str:
@@ -153,12 +192,6 @@ class OpenAIServing:
         where the request calls it otherwise, as chat does max_completion_tokens)."""
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
-        try:
-            logit_bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
-        except ValueError:
-            raise ApiError(400, "logit_bias keys must be token ids.", param="logit_bias") from None
-        if any(not -100 <= v <= 100 for v in logit_bias.values()):
-            raise ApiError(400, "logit_bias values must be in [-100, 100].", param="logit_bias")
         defaults = self._generation_defaults
 
         def pick(name: str, value):
@@ -182,9 +215,10 @@ class OpenAIServing:
                 min_tokens=req.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
-                logit_bias=logit_bias or None,
+                logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
+                output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
@@ -200,78 +234,149 @@ class OpenAIServing:
         add_special_tokens: bool,
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
-    ) -> list[AsyncIterator[RequestOutput]]:
-        """Submit one engine request per prompt and wait for each one's first output. The engine's
-        rejections become 400s naming `prompt_param` or `max_tokens_param`."""
-        limit = self.max_waiting_requests
-        if limit is not None and self.num_waiting + len(prompts) > limit:
-            raise ApiError(
-                503,
-                f"The server is overloaded: {self.num_waiting} requests are waiting "
-                f"(--max-waiting-requests {limit}). Retry later.",
-                code="server_overloaded",
-            )
-        streams = [
-            self._generate(f"{request_id}-{i}", p, params, priority, add_special_tokens) for i, p in enumerate(prompts)
-        ]
-        tasks = [asyncio.ensure_future(anext(s)) for s in streams]
+    ) -> RequestGroup:
+        """Check the request's size, take its places in the waiting queue (503 when full), submit its
+        first prompts and return once the engine has accepted them."""
+        if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
+            field, why = too_many
+            raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
+        for p in prompts:
+            if isinstance(p, str) and (why := self.limits.check_text(p)) is not None:
+                raise ApiError(400, why, param=prompt_param)
         try:
-            await until_disconnected(raw, asyncio.gather(*tasks))
-        except BaseException as e:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for s in streams:
-                await s.aclose()
-            if isinstance(e, ValueError):  # the engine's messages start with the field they are about
-                field = str(e).split(" ", 1)[0]
-                param = {"max_tokens": max_tokens_param, "n": "n"}.get(field, prompt_param)
-                raise ApiError(400, str(e), param=param) from None
-            if isinstance(e, EngineDeadError):
-                raise ApiError(503, str(e), code="engine_dead") from None
-            raise
-        return [_prepend(t.result(), s) for t, s in zip(tasks, streams)]
-
-    async def _generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int, add_special_tokens: bool
-    ) -> AsyncIterator[RequestOutput]:
-        """engine.generate plus the server's bookkeeping: the waiting count, latencies, request logs."""
+            group = RequestGroup(self.admission.admit(len(prompts)))
+        except Overloaded as e:
+            raise api_error(e) from None
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         if self.log_requests:
-            logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
-        self.num_waiting += 1
-        waiting = True
-        sent, sent_at = 0, 0.0
+            for rid, p in zip(ids, prompts):
+                logger.info("Received request %s: prompt: %r, params: %s", rid, p, params)
+        submit = functools.partial(
+            self.engine.add_request, params=params, priority=priority, add_special_tokens=add_special_tokens
+        )
+        head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:
-            async with aclosing(
-                self.engine.generate(
-                    prompt, params, request_id, priority=priority, add_special_tokens=add_special_tokens
-                )
-            ) as outputs:
-                async for out in outputs:
-                    if waiting:
-                        self.num_waiting -= 1
-                        waiting = False
-                    m = out.metrics
-                    n = len(out.outputs[0].token_ids)
-                    if sent and n > sent and m.last_token_time is not None:
-                        self.metrics.observe_tokens(n - sent, m.last_token_time - sent_at)
-                    sent, sent_at = n, m.last_token_time or 0.0
-                    if out.finished:
-                        self.metrics.observe_finished(m)
-                        if self.log_requests:
-                            logger.info(
-                                "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]
-                            )
-                    yield out
+            group.live += await until_disconnected(raw, asyncio.gather(*head))
+        except BaseException as e:
+            for t in head:
+                t.cancel()
+            group.live += [
+                r for r in await asyncio.gather(*head, return_exceptions=True) if isinstance(r, RequestStream)
+            ]
+            group.close()
+            if isinstance(e, Exception) and not isinstance(e, ClientDisconnected):
+                raise api_error(e, prompt_param, max_tokens_param) from None
+            raise
+        turns = asyncio.Semaphore(0)  # a later prompt enters the engine when an earlier one has its first token
+        group.outputs = [self._track(rid, s, t, turns) for rid, s, t in zip(ids, group.live, group.tickets)]
+        for i in range(len(head), len(prompts)):
+            later = functools.partial(submit, prompts[i], request_id=ids[i])
+            group.outputs.append(self._deferred(ids[i], later, group, group.tickets[i], turns))
+        return group
+
+    async def _deferred(
+        self, request_id: str, submit, group: RequestGroup, ticket: Ticket, turns: asyncio.Semaphore
+    ) -> AsyncIterator[RequestOutput]:
+        try:
+            await turns.acquire()
+            if group.closed:
+                return
+            stream = await submit()
+        except BaseException:
+            ticket.release()
+            turns.release()
+            raise
+        group.live.append(stream)
+        async with aclosing(self._track(request_id, stream, ticket, turns)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def _track(
+        self, request_id: str, stream: RequestStream, ticket: Ticket, turns: asyncio.Semaphore
+    ) -> AsyncIterator[RequestOutput]:
+        """An accepted request's outputs plus the server's bookkeeping: its place in the waiting queue and its
+        turn are given back at the first output, latencies observed, requests logged."""
+        sent, sent_at = 0, 0.0  # the first sample's tokens so far, and when the last came
+        waiting = True
+        try:
+            async for out in stream:
+                if waiting:
+                    waiting = False
+                    ticket.release()
+                    turns.release()
+                m = out.metrics
+                new = next((len(c.token_ids) for c in out.outputs if c.index == 0), 0)
+                if sent and new and m.last_token_time is not None:
+                    self.metrics.observe_tokens(new, m.last_token_time - sent_at)
+                sent, sent_at = sent + new, m.last_token_time or 0.0
+                if out.finished:
+                    self.metrics.observe_finished(m)
+                    if self.log_requests:
+                        logger.info(
+                            "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]
+                        )
+                yield out
         finally:
+            stream.close()
             if waiting:
-                self.num_waiting -= 1
+                ticket.release()
+                turns.release()
+
+    async def answer(self, raw: Request, group: RequestGroup, n: int, add: Callable[[Fragment], None]) -> UsageInfo:
+        """A plain answer: every fragment handed to `add` as it comes, until all the requests finish (or the
+        client leaves); returns the usage."""
+        usage = UsageInfo()
+
+        async def gather() -> None:
+            async for fragment in fragments(group, n, usage):
+                add(fragment)
+
+        try:
+            await until_disconnected(raw, gather())
+        except ClientDisconnected:
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine's death, the server's shutdown, a later prompt rejected
+            raise api_error(e) from None
+        finally:
+            group.close()
+        return usage
+
+    async def events(
+        self,
+        group: RequestGroup,
+        n: int,
+        chunk: Callable[[Fragment], str | None],
+        opening: list[str] = (),
+        usage_chunk: Callable[[UsageInfo], str] | None = None,
+    ) -> AsyncIterator[str]:
+        """A stream: server-sent events of the `opening` chunks, then of each fragment's chunk (None: nothing
+        to say), the usage chunk when asked, then [DONE]. Its status line is long gone, so an error on the
+        way is an event."""
+        usage = UsageInfo()
+        try:
+            for data in opening:
+                yield sse(data)
+            async for fragment in fragments(group, n, usage):
+                if (data := chunk(fragment)) is not None:
+                    yield sse(data)
+            if usage_chunk is not None:
+                yield sse(usage_chunk(usage))
+        except Exception as e:  # noqa: BLE001 - said in the stream, in the API's terms
+            yield api_error(e).event()
+        yield sse("[DONE]")
 
     def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template)."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(
                 400, "This model has no chat template; start the server with --chat-template.", param="messages"
+            )
+        if len(messages) > self.limits.max_model_len:
+            raise ApiError(
+                400,
+                f"There are {len(messages)} messages: more than max_model_len ({self.limits.max_model_len}) tokens "
+                "could hold.",
+                param="messages",
             )
         conversation = []
         for m in messages:
@@ -301,10 +406,3 @@ class OpenAIServing:
     def top_logprobs(self, lps: Logprobs, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens of a position (its dict holds the sampled token and the top k)."""
         return sorted(lps.items(), key=lambda kv: -kv[1])[:k]
-
-
-async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    async with aclosing(rest):
-        yield first
-        async for item in rest:
-            yield item

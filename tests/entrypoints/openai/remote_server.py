@@ -29,7 +29,7 @@ def free_port() -> int:
 
 class RemoteServer:
     def __init__(
-        self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0, until: int = 200
+        self, *args: str, env: dict[str, str | None] | None = None, startup_timeout: float = 180.0, until: int = 200
     ) -> None:
         """Start the server and return once /health answers `until` (503: up, the model still loading)."""
         self.port = free_port()
@@ -52,7 +52,9 @@ class RemoteServer:
         ]
         # One torch thread: on a small shared CPU, two OpenMP threads competing with the test client (and
         # anything else running) make each decode step wait on descheduled threads, seconds at a time.
+        # (env: a value of None removes the variable)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        env = {k: v for k, v in env.items() if v is not None}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_health(until, startup_timeout)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heron.entrypoints.cli import build_parser
-from heron.entrypoints.openai.cli import api_keys, serve_engine_config
+from heron.entrypoints.openai.server_config import api_keys, engine_cpu_threads, serve_engine_config
 
 ISSUE_FLAGS = [
     "--host",
@@ -28,6 +28,9 @@ ISSUE_FLAGS = [
     "--uvicorn-log-level",
     "--enable-log-requests",
     "--max-waiting-requests",
+    "--max-seqs-per-request",
+    "--max-request-body-bytes",
+    "--cpu-threads",
     "--shutdown-timeout",
 ]
 
@@ -115,8 +118,34 @@ def test_flags_reach_the_engine_config(tmp_path):
     assert cfg.device == "cpu"
 
 
+def test_engine_cpu_threads(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(16)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def threads(*flags: str) -> int | None:
+        args = build_parser().parse_args(["serve", *flags])
+        return engine_cpu_threads(args, serve_engine_config(args))
+
+    assert threads("--device", "cpu") == 4  # min(4, cores - 1)
+    assert threads("--device", "cpu", "--cpu-threads", "7") == 7
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads("--device", "cpu") == 3
+    assert threads("--device", "cpu", "--cpu-threads", "2") == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1})
+    assert threads("--device", "cpu") == 1  # two cores: one for the engine, one for HTTP
+
+
 @pytest.mark.parametrize(
-    "flag,value", [("--scheduling-policy", "lifo"), ("--dtype", "int3"), ("--uvicorn-log-level", "loud")]
+    "flag,value",
+    [
+        ("--scheduling-policy", "lifo"),
+        ("--dtype", "int3"),
+        ("--uvicorn-log-level", "loud"),
+        ("--cpu-threads", "0"),
+        ("--max-seqs-per-request", "-1"),
+        ("--max-request-body-bytes", "big"),
+    ],
 )
 def test_bad_choices_are_rejected(flag, value):
     with pytest.raises(SystemExit):

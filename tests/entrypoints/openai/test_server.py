@@ -4,6 +4,8 @@ streams at once."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import re
 import time
 
@@ -47,7 +49,7 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "Hi", "n": 0}, 400, "n"),
     ("/v1/completions", {"prompt": "Hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, 400, "logprobs"),
-    ("/v1/completions", {"prompt": "Hi", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"prompt": "Hi", "seed": 2**63}, 400, "seed"),
     ("/v1/completions", {"prompt": "Hi", "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"prompt": "Hi", "min_tokens": 9, "max_tokens": 2}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
@@ -76,7 +78,21 @@ BAD_INPUTS = [
     ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model"),
     ("/tokenize", {}, 400, "prompt"),
-    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens.[0]"),
+    # Each of these once answered 500 or 503, or took the engine down.
+    ("/v1/completions", {"prompt": "Hi", "top_k": 2**63}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "a\ud800b"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["fine", "a\udc00"]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud83d"}]}, 400, "messages.[0].content"),
+    ("/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": math.nan}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hi", "presence_penalty": math.inf}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": [True, 5]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"49152": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [49152]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [[1, 2], [10**9]]}, 400, "prompt"),
+    ("/detokenize", {"tokens": [49152]}, 400, "tokens"),
 ]
 
 
@@ -84,7 +100,10 @@ BAD_INPUTS = [
     "path,body,status,param", BAD_INPUTS, ids=[f"{p}:{','.join(b) or 'empty'}:{s}" for p, b, s, _ in BAD_INPUTS]
 )
 def test_bad_input(server, path, body, status, param):
-    r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH)
+    # json.dumps: ASCII with escapes, as a client writes a lone surrogate (NaN and Infinity as such)
+    r = httpx.post(
+        f"{server.url}{path}", content=json.dumps(body), headers={**AUTH, "content-type": "application/json"}
+    )
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
@@ -99,6 +118,29 @@ def test_bad_bodies_and_routes(server):
     assert httpx.get(f"{server.url}/v1/nothing", headers=AUTH).json()["error"]["code"] == "not_found"
     assert httpx.get(url, headers=AUTH).status_code == 405
     # The server still answers after all of that.
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_huge_prompts_are_refused_before_tokenizing(server):
+    huge = "word " * 2_000_000  # 10 MB: its tokenization alone once took 15-23 s of the event loop
+    bodies = {
+        "/v1/completions": {"prompt": huge},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": huge}]},
+        "/tokenize": {"prompt": huge},
+    }
+    for path, body in bodies.items():
+        started = time.monotonic()
+        r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
+        assert time.monotonic() - started < 3, path
+
+
+def test_a_body_over_the_limit_is_413(server):
+    url = f"{server.url}/v1/completions"
+    declared = httpx.post(url, content=b"x" * (17 << 20), headers=AUTH, timeout=60)
+    chunked = httpx.post(url, content=iter([b"x" * (1 << 20)] * 17), headers=AUTH, timeout=60)
+    for r in (declared, chunked):
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
