@@ -54,6 +54,20 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> gelu_tanh(gate) * up [..., I], GELU's tanh approximation (Gemma's GeGLU;
+    heron/kernels/activation.py)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gelu_tanh_mul_linear_ref(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(gelu_tanh(gate) * up, weight, bias)."""
+    return F.linear(gelu_tanh_and_mul_ref(gate_up), weight, bias)
+
+
 def silu_mul_linear_ref(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(silu(gate) * up, weight, bias) (heron/kernels/gemv.py's SwiGLU prologue)."""
     return F.linear(silu_and_mul_ref(gate_up), weight, bias)
