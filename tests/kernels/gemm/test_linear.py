@@ -47,6 +47,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "rms_norm": ((rmsnorm, door), lambda x, w, eps, out=None: reference.rms_norm_ref(x, w, eps)),
     "fused_add_rms_norm": ((rmsnorm, door), lambda x, r, w, eps, **_: reference.rms_norm_ref(x, w, eps, r)),
     "silu_and_mul": ((activation, door), lambda x, out=None: reference.silu_and_mul_ref(x)),
+    "gelu_tanh_and_mul": ((activation, door), lambda x, out=None: reference.gelu_tanh_and_mul_ref(x)),
     "apply_rope_and_cache": ((rope,), reference.apply_rope_and_cache_ref),
     "blas_linear": ((door,), lambda x, w, b=None, plans=None: F.linear(x, w, b)),
     "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
@@ -92,8 +93,7 @@ def _step(model, cfg, rows: int, decode: bool):
     return model.compute_logits(hidden[qsl[1:].long() - 1])
 
 
-@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
-def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
+def _on_fake_cuda(arch: str, **extra):
     hf = dict(
         architectures=[arch],
         vocab_size=300,
@@ -103,6 +103,7 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
+        **extra,
     )
     cfg = TransformerConfig.from_hf(hf)
     torch.manual_seed(0)
@@ -117,6 +118,12 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     for layer in model.layers:
         layer.self_attn.kv_cache = _fake(torch.zeros(2, 17 * 8, 4, 2, cfg.head_dim, dtype=torch.bfloat16))
+    return model, cfg
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
+    model, cfg = _on_fake_cuda(arch)
     fused = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
     unfused = ["rms_norm", "blas_linear", "apply_rope_and_cache", "blas_linear", "fused_add_rms_norm", "blas_linear"]
     unfused += ["silu_and_mul", "blas_linear"]
@@ -131,3 +138,16 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
             logits = _step(model, cfg, rows, decode)
             assert launches == layers + head, (rows, decode)
             assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
+
+
+def test_geglu_never_takes_the_swiglu_prologue(launches):
+    """Gemma 2's down projection at decode sizes: its activation kernel, then the plain GEMV (the GEMV's fused
+    prologue computes SiLU). Its post-norms are norm kernels of their own."""
+    model, cfg = _on_fake_cuda("Gemma2ForCausalLM", hidden_activation="gelu_pytorch_tanh", head_dim=16)
+    layer = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "rms_norm", "gemv_rms_norm"]
+    layer += ["gelu_tanh_and_mul", "gemv", "rms_norm"]
+    with torch.inference_mode():
+        logits = _step(model, cfg, 4, True)
+    assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
+    assert "gemv_silu_mul" not in launches and "silu_and_mul" not in launches
+    assert torch.isfinite(_plain(logits)).all()
