@@ -64,6 +64,17 @@ for s in $SECTIONS; do case $s in
   throughput-hf)  # the 0.6B record with transformers generate on 32 of the requests (ratio_vs_hf >= 10)
     run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --save-result --result-name offline-qwen3-0.6b --max-model-len 4096 --hf-baseline --hf-num-prompts 32 ;;
+  gemma)  # issue 22's dense half: the attention variants' and GeGLU's kernel tests on the GPU (Gemma 2's shapes:
+    # head_dim 256, window, soft cap), Gemma 2 against transformers (fp32 greedy, bf16 logits, 128-token window),
+    # then the offline workload on Gemma 2 9B's shapes (`offline-gemma2-9b`)
+    run gemma-kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_attention.py \
+        tests/kernels/test_fused_ops.py -k "variants or window or params or gelu or tile"
+    run gemma-correctness python3 benchmarks/gpu_correctness.py /tmp/shapes gemma2-9b
+    run offline-gemma2-9b heron bench throughput --model /tmp/shapes/gemma2-9b --load-format dummy \
+        --save-result --result-name offline-gemma2-9b --max-model-len 4096 ;;
+  gemma3)  # Gemma 3 12B's shapes offline (five sliding layers of 1024 to each global one)
+    run offline-gemma3-12b heron bench throughput --model /tmp/shapes/gemma3-12b --load-format dummy \
+        --save-result --result-name offline-gemma3-12b --max-model-len 4096 ;;
   prefill)  # issue 4: 8 x 2048 prompt tokens in the engine's default steps (8192 tokens), mfu >= 0.60
     run prefill-llama heron bench latency --prefill --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --max-model-len 4096 --batch-size 8 --input-len 2048 --save-result --result-name prefill-llama3.1-8b ;;

@@ -3,7 +3,9 @@
 fp32: greedy tokens must be equal for 32 tokens (both backends); bf16: the last-position logits of a
 prefill may be at most 1.5x as far from the fp32 logits as transformers' own bf16 logits are. Heron gets
 transformers' own tensors through a ModelSource, so both run the very same weights.
-Prints one line per check and exits non-zero on a failure.
+Prints one line per check and exits non-zero on a failure. Gemma 2 9B's shapes (6 of its layers) run with a
+128-token window, so that the prompts and the generated tokens run past it: sliding and global layers, soft caps,
+head_dim 256, GeGLU.
 
     python benchmarks/gpu_correctness.py SHAPES_DIR [SHAPE ...]   (default: qwen3-0.6b llama3.1-8b)
 """
@@ -53,16 +55,22 @@ def check(name: str, ok: bool, detail: str) -> bool:
     return ok
 
 
-LAYERS = {"qwen3-0.6b": None, "llama3.1-8b": 8, "qwen3-30b-a3b": 4}  # None: all of them
+# shape -> (decoder layers kept: None for all, config.json fields replaced)
+CHECKS = {
+    "qwen3-0.6b": (None, {}),
+    "llama3.1-8b": (8, {}),
+    "gemma2-9b": (6, {"sliding_window": 128}),
+    "qwen3-30b-a3b": (4, {}),
+}
 
 
 def main(shapes_dir: str, shapes: list[str]) -> int:
     ok = True
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (7, 100, 333, 40)]
-    for shape in shapes:
-        layers = LAYERS[shape]
-        cfg = json.load(open(f"{shapes_dir}/{shape}/config.json"))
+    for shape in shapes or CHECKS:
+        layers, changes = CHECKS[shape]
+        cfg = {**json.load(open(f"{shapes_dir}/{shape}/config.json")), **changes}
         # fp32, greedy, 32 tokens
         model, hf_cfg = hf_model(cfg, torch.float32, layers)
         torch.backends.cuda.matmul.allow_tf32 = False

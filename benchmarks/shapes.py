@@ -1,7 +1,10 @@
 """Folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
 
-    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b,qwen3-30b-a3b}/config.json
-                                             + tokenizer
+    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b,qwen3-30b-a3b,gemma2-9b,
+                                              gemma3-12b}/config.json + tokenizer
+
+The Gemma folders are written from the model cards' config.json (google/gemma-2-9b; google/gemma-3-12b-it's
+text_config, as a text-only Gemma3ForCausalLM with the fields transformers would default spelled out).
 
 No machine reaches the Hugging Face hub, so the real tokenizers are not at hand. Each folder gets a
 word-level tokenizer of the model's vocabulary size instead: token i is the word `w<i>`, text is the words
@@ -96,6 +99,54 @@ SHAPES = {
         tie_word_embeddings=False,
         bos_token_id=151643,
         eos_token_id=151645,
+    ),
+    "gemma2-9b": dict(
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        vocab_size=256000,
+        hidden_size=3584,
+        intermediate_size=14336,
+        num_hidden_layers=42,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        hidden_act="gelu_pytorch_tanh",
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=256,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        sliding_window=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    ),
+    "gemma3-12b": dict(
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        vocab_size=262208,
+        hidden_size=3840,
+        intermediate_size=15360,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=256,
+        sliding_window=1024,
+        sliding_window_pattern=6,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=[1, 106],
     ),
 }
 

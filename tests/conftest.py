@@ -1,6 +1,6 @@
 """Shared fixtures: the embedded model's tokenizer and small random-weight checkpoints in Hugging Face
-folders (Llama, Qwen2, Qwen3, Phi-3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE), made once per
-test session. Nothing is downloaded."""
+folders (Llama, Qwen2, Qwen3, Phi-3, Mistral, Gemma 2 / 3; the mixtures of experts Mixtral, Qwen2-MoE,
+Qwen3-MoE), made once per test session. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def _hf_config(arch: str, vocab_size: int, bos: int, eos: int):
         return Qwen2Config(**common)
     if arch == "phi3":  # its checkpoint stores qkv_proj and gate_up_proj fused
         return Phi3Config(**common, pad_token_id=eos)
+    if arch in SLIDING_WINDOW_FAMILIES:
+        return sliding_window_config(arch, common)
     return Qwen3Config(**common, head_dim=32)
 
 
@@ -77,6 +79,37 @@ def _moe_hf_config(arch: str, vocab_size: int, bos: int, eos: int):
     return Qwen3MoeConfig(**common, **experts, head_dim=32, num_experts_per_tok=3, norm_topk_prob=True)
 
 
+# Windows of a few tokens, so that the test prompts run past them; Gemma's soft caps low enough to bind on these
+# weights, a head_dim other than hidden / heads, a query scale other than head_dim ** -0.5.
+SLIDING_WINDOW = 8
+SLIDING_WINDOW_FAMILIES = ("mistral", "gemma2", "gemma3", "phi3-longrope")
+
+
+def sliding_window_config(arch: str, common: dict):
+    from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Phi3Config
+
+    if arch == "mistral":
+        return MistralConfig(**common, sliding_window=SLIDING_WINDOW)
+    gemma = dict(common, head_dim=32, query_pre_attn_scalar=24, sliding_window=SLIDING_WINDOW, pad_token_id=0)
+    if arch == "gemma2":  # layer 0 local, layer 1 global
+        return Gemma2Config(**gemma, attn_logit_softcapping=3.0, final_logit_softcapping=2.0)
+    if arch == "gemma3":  # local RoPE base 10k, global 1M with linear scaling
+        return Gemma3TextConfig(
+            **dict(gemma, tie_word_embeddings=True),
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        )
+    # Phi-3.5's LongRoPE with a 32-token original context (long factors past it), and Phi-3-4k's window
+    short, long = [1.0 + i / 8 for i in range(8)], [2.0 + i for i in range(8)]
+    rope = dict(rope_type="longrope", short_factor=short, long_factor=long)
+    return Phi3Config(
+        **common, pad_token_id=0, original_max_position_embeddings=32, rope_scaling=rope, sliding_window=SLIDING_WINDOW
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
     """`tiny_model_dir(arch)` -> a folder with config.json, model.safetensors and the tokenizer."""
@@ -93,7 +126,7 @@ def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
             model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
             with torch.no_grad():  # wider weights than the default init, so that logits are not flat
                 for p in model.parameters():
-                    if p.dim() > 1:
+                    if p.dim() > 1 or arch.startswith("gemma"):  # (Gemma's norms: w of 1 + w, zeros at init)
                         p.normal_(0, 0.1)
             path = tmp_path_factory.mktemp(f"tiny-{arch}")
             model.save_pretrained(path)

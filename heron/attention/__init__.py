@@ -1,6 +1,6 @@
 """Attention backends behind one interface; `get_backend` picks one by name."""
 
-from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 from heron.attention.flashinfer_backend import FlashInferAttentionBackend
 from heron.attention.torch_ref import TorchAttentionBackend
 from heron.attention.triton_backend import TritonAttentionBackend
@@ -25,4 +25,4 @@ def get_backend_cls(name: str, device_type: str) -> type[AttentionBackend]:
     return BACKENDS[name]
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "get_backend_cls", "BACKENDS"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "AttentionParams", "get_backend_cls", "BACKENDS"]

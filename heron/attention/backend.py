@@ -6,6 +6,9 @@ ones last, found in the paged cache through block_tables[i]. Each layer's cache 
 [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]; `slot_mapping[t]` = block * block_size +
 offset says where token t's K/V go. Backends differ only in how they compute; the scheduler and the
 block manager never see them.
+
+What a layer's attention computes besides (a sliding window, soft-capped logits, its own query scale) is the
+layer's: it passes its `AttentionParams` with each call, and a backend compiles each distinct set once.
 """
 
 from __future__ import annotations
@@ -39,6 +42,21 @@ class AttentionMetadata:
     cuda_graph: bool = False
 
 
+@dataclass(frozen=True)
+class AttentionParams:
+    """One layer's attention, beyond causal softmax(q k^T) v over its sequence's keys (vLLM's names)."""
+
+    scale: float  # on q . k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
+    sliding_window: int | None = None  # the query sees its last `sliding_window` keys only, its own included
+    logits_soft_cap: float | None = None  # scores s become cap * tanh(s / cap) before the softmax (Gemma 2)
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        if self.logits_soft_cap is not None and self.logits_soft_cap <= 0:
+            raise ValueError(f"logits_soft_cap must be > 0, got {self.logits_soft_cap}")
+
+
 class AttentionBackend(ABC):
     name: str
     supports_cuda_graphs = False  # a decode step can be captured: fixed grids, no host-side values
@@ -49,6 +67,7 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.default_params = AttentionParams(scale)  # a call that passes none: full causal attention
 
     def reserve(  # noqa: B027 (optional hook: most backends need no workspace)
         self,
@@ -67,6 +86,9 @@ class AttentionBackend(ABC):
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, params: AttentionParams | None = None
+    ) -> torch.Tensor:
         """Attend q [T, H, D] causally over each sequence's cached keys, this step's K/V among them (the
-        model's rotary embedding writes them at meta.slot_mapping first). Returns [T, H, D]."""
+        model's rotary embedding writes them at meta.slot_mapping first), as the calling layer's `params` say
+        (None: `default_params`). Returns [T, H, D]."""

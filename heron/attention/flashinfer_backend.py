@@ -18,6 +18,11 @@ skipping padded rows), where FlashInfer's append_paged_kv_cache would need per-t
 positions built and uploaded every step. The cache [2, num_blocks, block_size, Hkv, D] goes to FlashInfer as
 the tuple of its K and V halves, each [num_blocks, block_size, Hkv, D]: the "NHD" layout.
 
+One plan serves every layer of a step, so every layer must attend alike: a layer whose `AttentionParams` differ
+from the backend's (a sliding window, soft-capped logits, another query scale: Mistral, Phi-3, Gemma) gets a
+clear error, not attention it did not ask for. FlashInfer's plan() takes a window and a cap; planning one wrapper
+per distinct set, CUDA-graph wrappers included, is not done.
+
 FlashInfer JIT-compiles each kernel variant (dtype, head dim, decode / prefill) with nvcc on first use, which
 takes minutes: benchmarks/flashinfer_cache.sh keeps the built modules between device runs.
 """
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 
 WORKSPACE_BYTES = 128 << 20  # float workspace (split-KV partials), FlashInfer's recommended size
 INT_WORKSPACE_BYTES = 8 << 20  # the size each wrapper allocates for its schedule
@@ -187,7 +192,15 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._copied.record()
         return wrapper
 
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, params: AttentionParams | None = None
+    ) -> torch.Tensor:
+        if params is not None and params != self.default_params:
+            raise ValueError(
+                f"attention_backend 'flashinfer' runs full causal attention with scale {self.scale:.6g}; this model "
+                f"has a layer with {params} (a sliding window, soft-capped logits or another query scale): "
+                "use attention_backend 'triton' (the default on a GPU)."
+            )
         if self._planned is None or self._planned[0] is not meta:
             self.prepare(meta)
         wrapper = self._planned[1]

@@ -6,11 +6,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 
 
-def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its cached keys (written beforehand)."""
+def paged_attention_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its cached keys (written beforehand); with
+    `sliding_window` W a query sees its last W keys only, with `soft_cap` c scores s become c * tanh(s / c)."""
     block_size = kv_cache.shape[2]
     out = torch.empty_like(q)
     starts = meta.query_start_loc_cpu.tolist()
@@ -19,16 +27,34 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
         num_q = q_i.shape[1]
         blocks = meta.block_tables[i, : -(-seq_len // block_size)]
         k_i, v_i = (kv_cache[j, blocks].flatten(0, 1)[:seq_len].transpose(0, 1) for j in (0, 1))  # [Hkv, L, D]
-        # Query t sits at position seq_len - num_q + t and sees keys up to it.
-        mask = None
-        if num_q > 1:
-            pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)[:, None]
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q
-        o = F.scaled_dot_product_attention(
-            q_i, k_i, v_i, attn_mask=mask, scale=scale, enable_gqa=k_i.shape[0] != q_i.shape[0]
-        )
-        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
+        group = q_i.shape[0] // k_i.shape[0]
+        k_i, v_i = k_i.repeat_interleave(group, 0), v_i.repeat_interleave(group, 0)
+        # Query t sits at position seq_len - num_q + t.
+        pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)
+        mask = visible_keys(pos_q, seq_len, sliding_window)
+        out[starts[i] : starts[i + 1]] = attend(q_i, k_i, v_i, mask, scale, soft_cap).transpose(0, 1)
     return out
+
+
+def visible_keys(pos_q: torch.Tensor, num_keys: int, sliding_window: int | None) -> torch.Tensor:
+    """[Q, num_keys] bool: which keys the queries at positions pos_q see (causal, within the window)."""
+    n = torch.arange(num_keys, device=pos_q.device)[None, :]
+    mask = n <= pos_q[:, None]
+    return mask if sliding_window is None else mask & (n > pos_q[:, None] - sliding_window)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, soft_cap: float | None
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v over the keys `mask` lets each query see (q, k, v with equal head counts). SDPA
+    without a soft cap; with one, the scores are capped in float32 (SDPA has no hook for it), as transformers'
+    eager attention computes them."""
+    if soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    s = torch.tanh(s / soft_cap) * soft_cap
+    p = s.masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
+    return p @ v
 
 
 def paged_attention_batched(
@@ -37,6 +63,8 @@ def paged_attention_batched(
     meta: AttentionMetadata,
     scale: float,
     scratch: list[torch.Tensor] | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """The oracle's function in fewer calls: every single-query (decode) row in one padded call, each
     longer chunk in a call of its own. The query heads that share a KV head are folded into the query
@@ -52,13 +80,9 @@ def paged_attention_batched(
     if len(decode):
         rows = starts[:-1][decode].to(q.device)
         k, v = _gather(kv_cache, meta.block_tables[decode.to(q.device)], int(lens[decode].max()), scratch)
-        mask = torch.arange(k.shape[2], device=q.device)[None, :] < lens[decode].to(q.device)[:, None]
-        o = F.scaled_dot_product_attention(
-            q[rows].view(len(decode), num_kv_heads, group, head_dim),
-            k,
-            v,
-            attn_mask=mask[:, None, None, :],
-            scale=scale,
+        mask = visible_keys(lens[decode].to(q.device) - 1, k.shape[2], sliding_window)  # each row at its last key
+        o = attend(
+            q[rows].view(len(decode), num_kv_heads, group, head_dim), k, v, mask[:, None, None, :], scale, soft_cap
         )
         out[rows] = o.flatten(1, 2)
     for i in (q_lens > 1).nonzero().flatten().tolist():
@@ -72,8 +96,8 @@ def paged_attention_batched(
             .reshape(1, num_kv_heads, group * num_q, head_dim)
         )
         pos_q = torch.arange(seq_len - num_q, seq_len, device=q.device)
-        mask = (torch.arange(seq_len, device=q.device)[None, :] <= pos_q[:, None]).repeat(group, 1)
-        o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale)
+        mask = visible_keys(pos_q, seq_len, sliding_window).repeat(group, 1)
+        o = attend(q_i, k, v, mask, scale, soft_cap)
         out[a:b] = o.view(num_kv_heads, group, num_q, head_dim).permute(2, 0, 1, 3).flatten(1, 2)
     return out
 
@@ -104,5 +128,8 @@ class TorchAttentionBackend(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self._scratch = [torch.empty(0), torch.empty(0)]  # gathered K, V; shared by all layers, one at a time
 
-    def forward(self, q, kv_cache, meta: AttentionMetadata):
-        return paged_attention_batched(q, kv_cache, meta, self.scale, self._scratch)
+    def forward(self, q, kv_cache, meta: AttentionMetadata, params: AttentionParams | None = None):
+        p = params or self.default_params
+        return paged_attention_batched(
+            q, kv_cache, meta, p.scale, self._scratch, sliding_window=p.sliding_window, soft_cap=p.logits_soft_cap
+        )

@@ -14,13 +14,16 @@ exit at once.
 A decode step of many sequences (at most 2 partitions each) starts its programs longest sequence first
 (`paged_decode.longest_first`, one argsort on the device by the step's first layer, shared by the others): the
 last programs to start are then short ones, not a long sequence that keeps one SM busy after the rest finish.
+
+A layer's sliding window and soft cap (`AttentionParams`) reach both kernels as constexprs: each distinct
+set compiles a variant of its own, and a layer without them runs the kernels that full attention always ran.
 """
 
 from __future__ import annotations
 
 import torch
 
-from heron.attention.backend import AttentionBackend, AttentionMetadata
+from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -92,7 +95,7 @@ class TritonAttentionBackend(AttentionBackend):
             self._order = self._decode.longest_first(meta.seq_lens[: meta.num_seqs])
         return self._order
 
-    def _run_decode(self, q, kv_cache, meta, out, query_start_loc):
+    def _run_decode(self, q, kv_cache, meta, out, query_start_loc, params: AttentionParams):
         b = meta.num_seqs
         parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
         ws = self._workspace(b, parts) if parts > 1 else None
@@ -104,16 +107,21 @@ class TritonAttentionBackend(AttentionBackend):
             kv_cache,
             meta.block_tables[:b],
             meta.seq_lens[:b],
-            self.scale,
+            params.scale,
             out=out,
             num_partitions=parts,
             query_start_loc=query_start_loc,
             workspace=ws,
             order=order,
             heads_first=order is not None,
+            sliding_window=params.sliding_window,
+            soft_cap=params.logits_soft_cap,
         )
 
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, params: AttentionParams | None = None
+    ) -> torch.Tensor:
+        params = params or self.default_params
         mode = self._mode(meta)
         # A prefill graph's rows past the step's tokens belong to no sequence: zeros, not garbage. (A decode
         # graph's padded rows are sequences without keys, which the decode kernel gives zeros: no memset.)
@@ -124,10 +132,10 @@ class TritonAttentionBackend(AttentionBackend):
         if mode == "decode":
             # All query lengths are 1; row i is sequence i when there are exactly B tokens.
             qsl = None if meta.num_tokens == b else meta.query_start_loc
-            self._run_decode(q, kv_cache, meta, out, qsl)
+            self._run_decode(q, kv_cache, meta, out, qsl, params)
         else:
             if mode == "mixed":
-                self._run_decode(q, kv_cache, meta, out, meta.query_start_loc)
+                self._run_decode(q, kv_cache, meta, out, meta.query_start_loc, params)
             self._prefill.paged_prefill_attention(
                 q,
                 kv_cache,
@@ -135,8 +143,10 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.seq_lens[:b],
                 meta.query_start_loc,
                 meta.max_query_len,
-                self.scale,
+                params.scale,
                 out=out,
                 skip_decode=mode == "mixed",
+                sliding_window=params.sliding_window,
+                soft_cap=params.logits_soft_cap,
             )
         return out

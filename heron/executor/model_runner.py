@@ -7,6 +7,7 @@ of a step is reading the sampled tokens (and their logprobs when asked) at the e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from types import SimpleNamespace
@@ -90,8 +91,10 @@ class ModelRunner:
         torch.set_default_dtype(self.dtype)
         try:
             # on `meta`: no time spent on random init of weights about to be overwritten
+            # built for the context it serves: RoPE tables of max_model_len rows (LongRoPE's factors follow it)
+            cfg = dataclasses.replace(self.model_cfg, max_position_embeddings=self.config.scheduler.max_model_len)
             with torch.device("meta"), use_plans(self.matmul_plans):
-                model = cls(self.model_cfg, self.backend)
+                model = cls(cfg, self.backend)
         finally:
             torch.set_default_dtype(default_dtype)
         model.to_empty(device=self.device)

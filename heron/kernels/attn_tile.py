@@ -4,6 +4,10 @@ block ids, folded into a running (online-softmax) accumulator. The prefill kerne
 for its register budget of two programs per SM.
 
 Scores are kept in the log2 domain: `qk_scale` is softmax_scale * log2(e), so exp2 replaces exp.
+
+Two attention variants are constexpr switches that compile out when off (0), so full causal attention builds
+the kernels it always did: WINDOW (a sliding window: each query sees its last WINDOW keys, its own included)
+and SOFT_CAP (Gemma 2's soft-capped scores c * tanh(s / c), given in the log2 domain as c * log2(e)).
 """
 
 from __future__ import annotations
@@ -11,13 +15,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from heron.kernels.common import tanh
+
 
 @triton.jit
-def tile_blocks(bt_row_ptr, n0, kv_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The cache block of each of keys n0 .. n0+BLOCK_N-1 (block 0 past kv_len), int64: token n sits in block
-    bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE (int64: the cache may pass 2**31 elements)."""
+def tile_blocks(bt_row_ptr, n0, kv_lo, kv_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """The cache block of each of keys n0 .. n0+BLOCK_N-1 (block 0 past kv_len, and with WINDOW before kv_lo),
+    int64: token n sits in block bt_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE (int64: the cache may pass
+    2**31 elements)."""
     n = n0 + tl.arange(0, BLOCK_N)
+    if WINDOW:
+        return tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=(n >= kv_lo) & (n < kv_len), other=0).to(tl.int64)
     return tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n < kv_len, other=0).to(tl.int64)
+
+
+@triton.jit
+def soft_cap(s, SOFT_CAP: tl.constexpr):
+    """Scores s (log2 domain) capped as c * tanh(s / c), SOFT_CAP = c * log2(e): the cap in the same domain."""
+    return SOFT_CAP * tanh(s * (1.0 / SOFT_CAP))
 
 
 @triton.jit
@@ -31,6 +46,7 @@ def attend_tile(
     blk,
     kv_head_off,
     n0,
+    kv_lo,
     kv_len,
     stride_cblk,
     stride_coff,
@@ -40,13 +56,18 @@ def attend_tile(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1, those
-    n >= kv_len masked (and not loaded); blk: their cache blocks (`tile_blocks`). PRECISION: tl.dot's
-    input_precision; "ieee" for a float32 cache, whose default would be TF32."""
+    n >= kv_len (and with WINDOW those n < kv_lo) masked and not loaded; blk: their cache blocks
+    (`tile_blocks`). PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be
+    TF32."""
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     n_ok = n < kv_len
+    if WINDOW:
+        n_ok = n_ok & (n >= kv_lo)
     row_off = blk * stride_cblk + (n % BLOCK_SIZE) * stride_coff + kv_head_off
     kv_off = row_off[:, None] + d[None, :]
     k = tl.load(k_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
@@ -55,6 +76,8 @@ def attend_tile(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, BLOCK_N] f32
+    if SOFT_CAP > 0:
+        s = soft_cap(s, SOFT_CAP)
     s = tl.where(n_ok[None, :], s, float("-inf"))
     # Every row has seen at least one unmasked key before or in this tile (callers guarantee it), so m_new
     # is finite and no exp2(-inf - -inf) occurs.

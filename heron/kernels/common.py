@@ -69,3 +69,14 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def tanh(x):
+    """tanh of float32 x from exp2 and a division, on the GPU and under the interpreter alike (libdevice's tanh
+    has no interpreter version): sign(x) (1 - 2t / (1 + t)), t = e^(-2|x|). Near +-1 it is within an ulp or so of
+    the correctly rounded value, so 1 + tanh(x) keeps the digits PyTorch's GELU keeps (GeGLU's bf16 outputs round
+    as F.gelu's); near 0 it is within ~1e-7 absolute."""
+    t = tl.exp2(tl.abs(x) * -2.8853900817779268)  # e^(-2|x|): 2 log2(e)
+    r = 1.0 - 2.0 * t / (1.0 + t)
+    return tl.where(x >= 0, r, -r)

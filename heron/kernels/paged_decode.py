@@ -73,6 +73,8 @@ def _paged_decode_kernel(
     PRECISION: tl.constexpr,
     HAS_ORDER: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -96,8 +98,15 @@ def _paged_decode_kernel(
     row = row.to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_part = tl.cdiv(num_tiles, NUM_PARTS)
-    t_begin = part * tiles_per_part
+    if WINDOW:  # the partitions split the tiles of the window's keys [kv_lo, seq_len)
+        kv_lo = tl.maximum(seq_len - WINDOW, 0)
+        tile_lo = kv_lo // BLOCK_N
+        tiles_per_part = tl.cdiv(num_tiles - tile_lo, NUM_PARTS)
+        t_begin = tile_lo + part * tiles_per_part
+    else:
+        kv_lo = 0
+        tiles_per_part = tl.cdiv(num_tiles, NUM_PARTS)
+        t_begin = part * tiles_per_part
     t_end = tl.minimum(t_begin + tiles_per_part, num_tiles)
 
     g = tl.arange(0, G_PAD)
@@ -113,7 +122,7 @@ def _paged_decode_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     kv_head_off = kvh * stride_ch
     for t in range(t_begin, t_end):  # the kernel's num_stages pipelines the K/V loads (they feed dots)
-        blk = tile_blocks(bt_row, t * BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
+        blk = tile_blocks(bt_row, t * BLOCK_N, kv_lo, seq_len, BLOCK_SIZE, BLOCK_N, WINDOW)
         acc, m_i, l_i = attend_tile(
             acc,
             m_i,
@@ -124,6 +133,7 @@ def _paged_decode_kernel(
             blk,
             kv_head_off,
             t * BLOCK_N,
+            kv_lo,
             seq_len,
             stride_cblk,
             stride_coff,
@@ -133,6 +143,8 @@ def _paged_decode_kernel(
             BLOCK_N,
             UPCAST,
             PRECISION,
+            WINDOW,
+            SOFT_CAP,
         )
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -149,8 +161,12 @@ def _paged_decode_kernel(
         tl.debug_barrier()  # every thread's partials are issued before the release below
         count = count_ptr + b * NUM_KV_HEADS + kvh
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == NUM_PARTS - 1:
-            # The last to arrive: the partitions holding keys are the first ceil(num_tiles / tiles_per_part).
-            num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_part, 1))
+            # The last to arrive: the partitions holding keys are the first ceil(num_tiles / tiles_per_part)
+            # (of the window's tiles, with WINDOW).
+            if WINDOW:
+                num_valid = tl.cdiv(num_tiles - tile_lo, tl.maximum(tiles_per_part, 1))
+            else:
+                num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_part, 1))
             p = tl.arange(0, PARTS_PAD)
             m_all = tl.load(
                 part_m_ptr + base[:, None] + p[None, :],
@@ -193,12 +209,15 @@ def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.dev
     return min(16, triton.next_power_of_2(max(1, want)))
 
 
-def default_block_n(block_size: int, num_partitions: int, elem_size: int) -> int:
+def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_dim: int) -> int:
     """Keys per tile: 128 for a 16-bit cache when each program has a long run of keys (at most two partitions:
-    batch x KV heads fill the GPU), else 64. Swept on an H200 (perf_notes run 20): 128 keys with 3 stages took
-    batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the `kernels` case (batch 64,
-    P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared memory at D 128 (sm_90
-    build), more than GPUs with ~100 KB per SM have."""
+    batch x KV heads fill the GPU), else 64; 32 at head_dim 256 (Gemma). Swept on an H200 (perf_notes run 20):
+    128 keys with 3 stages took batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the
+    `kernels` case (batch 64, P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared
+    memory at D 128 (sm_90 build), more than GPUs with ~100 KB per SM have. At D 256, 64 keys spill registers
+    in ptxas's sm_90 build and 32 do not (not yet timed). The block size is a floor."""
+    if head_dim > 128:
+        return max(32, block_size)
     return max(128 if num_partitions <= 2 and elem_size <= 2 else 64, block_size)
 
 
@@ -233,6 +252,8 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
     heads_first: bool = False,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention over the paged cache.
 
@@ -242,7 +263,8 @@ def paged_decode_attention(
     block_tables [B, max_blocks] int32; seq_lens [B] int32 (keys per sequence, the query's own included;
     0 gives zeros). `workspace`: `make_decode_workspace`'s, for P > 1 (else one is allocated). `order`: a
     permutation of the B sequences ([B] int), the launch order (`longest_first`); `heads_first`: the KV heads
-    innermost in the grid. Neither changes the result.
+    innermost in the grid. Neither changes the result. `sliding_window` W: each query sees its last W keys only;
+    `soft_cap` c: scores s become c * tanh(s / c) (each a compiled variant of its own; None: full attention).
     Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P) or (Hkv, B, P).
     """
     check_cache(kv_cache)
@@ -262,7 +284,7 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     if num_partitions is None:
         num_partitions = default_num_partitions(batch, num_kv_heads, q.device)
-    block_n = block_n or default_block_n(block_size, num_partitions, kv_cache.element_size())
+    block_n = block_n or default_block_n(block_size, num_partitions, kv_cache.element_size(), head_dim)
     if num_partitions > 1:
         if workspace is None:
             workspace = make_decode_workspace(batch, num_heads, num_kv_heads, head_dim, num_partitions, q.device)
@@ -314,6 +336,8 @@ def paged_decode_attention(
         PRECISION=dot_precision(kv_cache.dtype),
         HAS_ORDER=order is not None,
         HEADS_FIRST=heads_first,
+        WINDOW=sliding_window or 0,
+        SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
         num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),

@@ -12,6 +12,12 @@ past their sequence's chunk (the grid is sized by the longest chunk) return at o
 
 `max_query_len` is a host int (AttentionMetadata has it): no device read-back.
 
+With a sliding window (WINDOW, a constexpr: 0 compiles the variant above) row r sees keys (pos_r - WINDOW,
+pos_r]: tiles wholly before the tile's first row's window are never visited, the keys every row sees (from the
+last row's window start to the first row's position) go through the unmasked loop, and the tiles at the
+window's lower edge through the masked one, which then also tolerates a row that has seen no key yet.
+SOFT_CAP (Gemma 2's capped scores, see attn_tile.py) is the other constexpr switch.
+
 The key loop (`_attend_keys`) reads each tile's block-table entries one iteration ahead, so the K/V gathers
 never wait on a table read and the software pipeline spends its stages on K/V buffers; the online softmax
 scales inside the exponent's argument (`_softmax_pv`: one FMA per score). With 8 warps the kernel is held to
@@ -27,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, dot_precision
+from heron.kernels.attn_tile import LOG2E, dot_precision, soft_cap
 from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
 
 
@@ -66,18 +72,46 @@ def _load_rows(
 
 @triton.jit
 def _softmax_pv(
-    acc, m_i, l_i, s, v, n0, kv_len, pos, qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr
+    acc,
+    m_i,
+    l_i,
+    s,
+    v,
+    n0,
+    kv_len,
+    pos,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     """Fold the raw scores s = q k^T [M, BLOCK_N] of keys n0.. and their values v into the online softmax
     (log2 domain: qk_scale = softmax scale * log2 e; p = exp2(s * qk_scale - m), one FMA per score). MASKED:
-    row r sees keys n <= pos[r] and n < kv_len. Every row has seen an unmasked key before or in this tile
-    (callers guarantee it), so the running max is finite."""
+    row r sees keys n <= pos[r] and n < kv_len (and n > pos[r] - WINDOW). Without a window every row has seen an
+    unmasked key before or in this tile (callers guarantee it), so the running max is finite; with one a row
+    may not have yet, and its max stays -inf with nothing added."""
+    if SOFT_CAP > 0:
+        s = soft_cap(s * qk_scale, SOFT_CAP)
     if MASKED:
         n = n0 + tl.arange(0, BLOCK_N)
-        s = tl.where((n[None, :] <= pos[:, None]) & (n < kv_len)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
+        seen = (n[None, :] <= pos[:, None]) & (n < kv_len)[None, :]
+        if WINDOW:
+            seen = seen & (n[None, :] > pos[:, None] - WINDOW)
+        s = tl.where(seen, s, float("-inf"))
+    if SOFT_CAP > 0:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    m_sub = m_new
+    if WINDOW:
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: alpha and p are 0, not NaN
+    alpha = tl.exp2(m_i - m_sub)
+    if SOFT_CAP > 0:
+        p = tl.exp2(s - m_sub[:, None])
+    else:
+        p = tl.exp2(s * qk_scale - m_sub[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
@@ -106,17 +140,22 @@ def _attend_keys(
     MASKED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     """Fold keys lo .. hi - 1 (lo a multiple of BLOCK_N) into the accumulator, BLOCK_N at a time. MASKED: the
-    tiles on the diagonal (causal mask, keys >= hi masked); else every key is seen by every row and hi is a
-    multiple of BLOCK_N. The next tile's cache rows are computed one iteration ahead (a loop-carried tile)."""
+    tiles on the diagonal or the window's edge (causal and window mask, keys >= hi masked); else every key is
+    seen by every row and hi is a multiple of BLOCK_N. The next tile's cache rows are computed one iteration
+    ahead (a loop-carried tile)."""
     rows = _kv_rows(bt_row, lo, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
         rows_next = _kv_rows(bt_row, n0 + BLOCK_N, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
         k = _load_rows(k_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
         v = _load_rows(v_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, n0, hi, pos, qk_scale, BLOCK_N, MASKED, PRECISION)
+        acc, m_i, l_i = _softmax_pv(
+            acc, m_i, l_i, s, v, n0, hi, pos, qk_scale, BLOCK_N, MASKED, PRECISION, WINDOW, SOFT_CAP
+        )
         rows = rows_next
     return acc, m_i, l_i
 
@@ -148,6 +187,8 @@ def _paged_prefill_kernel(
     SKIP_DECODE: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -188,6 +229,37 @@ def _paged_prefill_kernel(
     first_pos = ctx + qt * BLOCK_Q  # the tile's first query position: keys <= it are seen by every row
     kv_end = ctx + tl.minimum(q_len, (qt + 1) * BLOCK_Q)  # one past the tile's last query position
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+    if WINDOW:
+        # Keys before `lo` lie outside every row's window; keys from the last row's window start on (rounded
+        # up to a tile: `mid`) up to the first row's position are in all of them.
+        lo = tl.maximum(first_pos + 1 - WINDOW, 0) // BLOCK_N * BLOCK_N
+        mid = tl.minimum(tl.cdiv(tl.maximum(kv_end - WINDOW, 0), BLOCK_N) * BLOCK_N, full_end)
+        acc, m_i, l_i = _attend_keys(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            kv_head_off,
+            lo,
+            mid,
+            pos,
+            stride_cblk,
+            stride_coff,
+            qk_scale,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            True,
+            UPCAST,
+            PRECISION,
+            WINDOW,
+            SOFT_CAP,
+        )
+    else:
+        mid = 0
     acc, m_i, l_i = _attend_keys(
         acc,
         m_i,
@@ -197,7 +269,7 @@ def _paged_prefill_kernel(
         v_cache_ptr,
         bt_row,
         kv_head_off,
-        0,
+        mid,
         full_end,
         pos,
         stride_cblk,
@@ -209,6 +281,8 @@ def _paged_prefill_kernel(
         False,
         UPCAST,
         PRECISION,
+        WINDOW,
+        SOFT_CAP,
     )
     acc, m_i, l_i = _attend_keys(
         acc,
@@ -231,6 +305,8 @@ def _paged_prefill_kernel(
         True,
         UPCAST,
         PRECISION,
+        WINDOW,
+        SOFT_CAP,
     )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -246,6 +322,8 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
     g_pad = triton.next_power_of_2(group)
     if device.type != "cuda":  # the interpreter: small tiles are faster there
         return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1, maxnreg=None)
+    if head_dim > 128:  # D 256 (Gemma): of the 64-row tiles, the least spilling in ptxas's sm_90 build; not yet timed
+        return dict(block_m=max(64, g_pad), block_n=16, num_warps=8, num_stages=2, maxnreg=None)
     # From sweeps on an H200 (bf16; docs/kernels.md, perf_notes run 14): D 128 -> 128 x 32 tiles, 8 warps, 3
     # stages, 128 registers (two programs per SM); D 64 -> 64 x 64, 4 warps (~260-300 TFLOP/s).
     if head_dim >= 128:
@@ -269,6 +347,8 @@ def paged_prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     maxnreg: int | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
 
@@ -279,6 +359,8 @@ def paged_prefill_attention(
     of sequences with one query token untouched (the decode kernel does them). Returns `out` (allocated like q
     if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
     override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
+    `sliding_window` W: each query sees its last W keys only; `soft_cap` c: scores s become c * tanh(s / c)
+    (each a compiled variant of its own; None: full attention).
     """
     check_cache(kv_cache)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -331,6 +413,8 @@ def paged_prefill_attention(
         SKIP_DECODE=skip_decode,
         UPCAST=dot_upcast(),
         PRECISION=dot_precision(kv_cache.dtype),
+        WINDOW=sliding_window or 0,
+        SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],

@@ -54,6 +54,20 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> gelu_tanh(gate) * up [..., I], GELU's tanh approximation (Gemma's GeGLU;
+    heron/kernels/activation.py)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gelu_tanh_mul_linear_ref(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(gelu_tanh(gate) * up, weight, bias)."""
+    return F.linear(gelu_tanh_and_mul_ref(gate_up), weight, bias)
+
+
 def silu_mul_linear_ref(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(silu(gate) * up, weight, bias) (heron/kernels/gemv.py's SwiGLU prologue)."""
     return F.linear(silu_and_mul_ref(gate_up), weight, bias)
@@ -110,10 +124,17 @@ def write_kv_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_
 
 
 def paged_decode_ref(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D], one query per sequence attending to all of its seq_lens[b] keys (heron/kernels/
-    paged_decode.py). Computed in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
+    """q [B, H, D], one query per sequence attending to its seq_lens[b] keys, the last `sliding_window` of them
+    if given, scores capped at `soft_cap` (c * tanh(s / c)) if given (heron/kernels/paged_decode.py). Computed
+    in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = q.shape[1] // num_kv_heads
     out = torch.zeros_like(q)
@@ -122,7 +143,9 @@ def paged_decode_ref(
             continue
         blocks = block_tables[b, : -(-n // block_size)].long()
         k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
-        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        s = _capped(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, soft_cap)
+        if sliding_window is not None:
+            s[:, : max(0, n - sliding_window)] = float("-inf")
         out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
     return out
 
@@ -134,10 +157,13 @@ def paged_prefill_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Per sequence, causal attention of its q_len new queries, at positions seq_len - q_len .. seq_len - 1,
-    over its keys (heron/kernels/paged_prefill.py), in float32; returns q's dtype. Reads lengths on the host:
-    tests only."""
+    over its keys (heron/kernels/paged_prefill.py), each query seeing its last `sliding_window` keys only and
+    its scores capped at `soft_cap` if given, in float32; returns q's dtype. Reads lengths on the host: tests
+    only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = q.shape[1] // num_kv_heads
     out = torch.zeros_like(q)
@@ -148,9 +174,12 @@ def paged_prefill_ref(
             continue
         blocks = block_tables[b, : -(-n // block_size)].long()
         k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
-        s = torch.einsum("thd,nhd->htn", q[a:e].float(), k) * scale
-        pos = torch.arange(n - (e - a), n, device=q.device)
-        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        s = _capped(torch.einsum("thd,nhd->htn", q[a:e].float(), k) * scale, soft_cap)
+        pos, keys = torch.arange(n - (e - a), n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+        hidden = keys > pos
+        if sliding_window is not None:
+            hidden |= keys <= pos - sliding_window
+        s = s.masked_fill(hidden, float("-inf"))
         out[a:e] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
     return out
 
@@ -185,3 +214,7 @@ def fused_experts_ref(
             y[entries] = (down * topk_weights.reshape(-1)[entries, None].float()).to(x.dtype)
         start += n
     return y.view(tokens, top_k, -1).float().sum(1).to(x.dtype)
+
+
+def _capped(scores: torch.Tensor, soft_cap: float | None) -> torch.Tensor:
+    return scores if soft_cap is None else torch.tanh(scores / soft_cap) * soft_cap

@@ -1,26 +1,34 @@
 """RMSNorm, and NormLinear: an RMSNorm built with the projection it feeds, so that a pre-norm block's entry
-(residual add, norm, projection) runs as one GEMV kernel at decode sizes on CUDA."""
+(residual add, norm, projection) runs as one GEMV kernel at decode sizes on CUDA.
+
+Gemma's norms scale by (1 + w) and its checkpoints store w: built with `weight_offset=1.0` a norm loads 1 + w
+(summed in float32, rounded once to the weight's dtype) and computes as any other."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from heron.kernels.reference import fused_add_rms_norm_ref, rms_norm_linear_ref, rms_norm_ref
 from heron.layers.device_ops import DeviceOps
-
-if TYPE_CHECKING:
-    from heron.layers.linear import ColumnParallelLinear
+from heron.layers.linear import ColumnParallelLinear, default_weight_loader
 
 
-class RMSNorm(DeviceOps):
-    def __init__(self, dim: int, eps: float) -> None:
+class _OffsetWeight:
+    weight_offset: float
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
+        """The checkpoint's weight, plus `weight_offset`."""
+        default_weight_loader(param, loaded_weight.float() + self.weight_offset)
+
+
+class RMSNorm(_OffsetWeight, DeviceOps):
+    def __init__(self, dim: int, eps: float, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.weight_offset = eps, weight_offset
         self.bind_ops()
 
     def bind_ops(self) -> None:
@@ -38,17 +46,17 @@ class RMSNorm(DeviceOps):
         return self._add_norm(x, residual, self.weight, self.eps)
 
 
-class NormLinear(DeviceOps):
+class NormLinear(_OffsetWeight, DeviceOps):
     """The RMSNorm of a pre-norm block (its weight is this module's, under the norm's checkpoint name) together
     with the projection that takes its output: `forward(x, residual)` returns (proj(rmsnorm(x + residual)),
     x + residual), x itself being the residual in the first layer. At decode sizes on CUDA the norm runs in the
     GEMV's prologue (heron/kernels/gemm/linear.py: `rms_norm_linear`). `proj` stays a child of the module that
     owns it (attention's qkv_proj, the MLP's gate_up_proj): this module only reads its weights."""
 
-    def __init__(self, dim: int, eps: float, proj: ColumnParallelLinear) -> None:
+    def __init__(self, dim: int, eps: float, proj: ColumnParallelLinear, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.weight_offset = eps, weight_offset
         self.__dict__["proj"] = proj  # a reference, not a submodule: its parameters keep their one name
         self.bind_ops()
 

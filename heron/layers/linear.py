@@ -21,7 +21,7 @@ from torch import nn
 
 from heron.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
 from heron.kernels.gemm.plans import plans_for_new_layer
-from heron.kernels.reference import silu_mul_linear_ref
+from heron.kernels.reference import gelu_tanh_mul_linear_ref, silu_mul_linear_ref
 from heron.layers.device_ops import DeviceOps
 
 
@@ -92,12 +92,16 @@ class RowParallelLinear(DeviceOps):
     once after it.
 
     `swiglu`: x is this rank's [gate | up] of a gate/up projection, and silu(gate) * up is the input (a down
-    projection; at decode sizes on CUDA the activation runs in the GEMV's prologue)."""
+    projection; at decode sizes on CUDA the activation runs in the GEMV's prologue). `geglu`: likewise with
+    gelu_tanh(gate) * up (Gemma), always its own kernel first: the GEMV's prologue computes SiLU only."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool, swiglu: bool = False) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, swiglu: bool = False, geglu: bool = False
+    ) -> None:
         super().__init__()
+        assert not (swiglu and geglu), "one activation"
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
-        self.input_size, self.output_size, self.swiglu = input_size, output_size, swiglu
+        self.input_size, self.output_size, self.swiglu, self.geglu = input_size, output_size, swiglu, geglu
         self.local_input = divide(input_size, self.tp_size, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
@@ -106,11 +110,12 @@ class RowParallelLinear(DeviceOps):
 
     def bind_ops(self) -> None:
         if self.weight.is_cuda:
-            from heron.kernels.gemm.linear import linear, silu_mul_linear
+            from heron.kernels.gemm.linear import gelu_tanh_mul_linear, linear, silu_mul_linear
 
-            self._linear = partial(silu_mul_linear if self.swiglu else linear, plans=self.matmul_plans)
+            op = silu_mul_linear if self.swiglu else gelu_tanh_mul_linear if self.geglu else linear
+            self._linear = partial(op, plans=self.matmul_plans)
         else:
-            self._linear = silu_mul_linear_ref if self.swiglu else F.linear
+            self._linear = silu_mul_linear_ref if self.swiglu else gelu_tanh_mul_linear_ref if self.geglu else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -13,12 +13,16 @@ from heron.layers.device_ops import DeviceOps
 from heron.layers.layernorm import RMSNorm
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, long_context: bool = False) -> torch.Tensor:
+    """RoPE's frequencies; `long_context` picks LongRoPE's long factors (else its short ones)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if scaling is None:
         return inv_freq.float()
     if scaling["rope_type"] == "linear":
         return (inv_freq / scaling["factor"]).float()
+    if scaling["rope_type"] == "longrope":
+        factors = torch.tensor(scaling["long_factor" if long_context else "short_factor"], dtype=torch.float64)
+        return (inv_freq / factors).float()
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]
@@ -35,6 +39,7 @@ class RotaryEmbedding(DeviceOps):
     by the attention that owns it, and runs inside the same kernel on CUDA."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
+        """`max_positions`: the table's rows, the longest context it serves (LongRoPE picks its factors by it)."""
         super().__init__()
         self.args = (head_dim, max_positions, theta, scaling)
         self.register_buffer("cos_sin", torch.empty(max_positions, head_dim, dtype=torch.float32), persistent=False)
@@ -59,9 +64,14 @@ class RotaryEmbedding(DeviceOps):
     def materialize(self) -> None:
         """(Re)compute the cos/sin table in place; the model runner calls it after building on `meta`."""
         head_dim, max_positions, theta, scaling = self.args
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        # LongRoPE: the long factors where the served context passes the original one, for every position (a key
+        # in the cache is never rotated again; transformers switches per forward pass, llama.cpp as here)
+        longrope = scaling is not None and scaling["rope_type"] == "longrope"
+        long = longrope and max_positions > scaling["original_max_position_embeddings"]
+        inv_freq = rope_inv_freq(head_dim, theta, scaling, long)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq).to(self.cos_sin.device)
-        self.cos_sin.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1))
+        mscale = 1.0 if scaling is None else scaling.get("attention_factor", 1.0)  # LongRoPE's
+        self.cos_sin.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1) * mscale)
 
     def forward(
         self,

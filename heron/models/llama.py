@@ -1,6 +1,7 @@
-"""Llama (2, 3, 3.1, SmolLM2, Mistral): pre-norm decoder blocks of grouped-query attention with RoPE and a SwiGLU
-MLP. Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm) and Phi-3 differ only in switches of `TransformerConfig`
-or in their checkpoints' layout, and reuse this file.
+"""Llama (2, 3, 3.1, SmolLM2): pre-norm decoder blocks of grouped-query attention with RoPE and a SwiGLU MLP.
+Mistral (a sliding window), Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm) and Phi-3 differ only in switches
+of `TransformerConfig` or in their checkpoints' layout, and reuse this file; Gemma 2 / 3 reuse its attention and
+MLP. Each layer's attention knows its own `AttentionParams` (a sliding window, ...) and hands them to the backend.
 
 The kernels are the layers' business (heron/layers): each pre-norm RMSNorm is built with the projection it feeds
 (`NormLinear`: at decode sizes on a GPU one kernel does the residual add, the norm and the projection), the down
@@ -28,7 +29,9 @@ from heron.models.config import TransformerConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+    norm_offset = 0.0  # the q/k norms' weight offset (Gemma 3: 1, its norms scale by 1 + w)
+
+    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.heads_per_rank(get_tp_world_size())  # this rank's heads
         self.head_dim = cfg.head_dim
@@ -36,10 +39,11 @@ class LlamaAttention(nn.Module):
         q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_full, kv_full, kv_full], bias=cfg.attention_bias)
         self.o_proj = RowParallelLinear(q_full, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, self.norm_offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, self.norm_offset) if cfg.qk_norm else None
         self.rotary_emb = rope
         self.backend = backend
+        self.attn_params = cfg.attention_params(layer)
         self.kv_cache: torch.Tensor | None = None  # this layer's [2, blocks, block_size, Hkv, D], bound by the runner
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -52,7 +56,7 @@ class LlamaAttention(nn.Module):
         q = self.rotary_emb.rotate_and_cache(
             positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm
         )
-        o = self.backend.forward(q, self.kv_cache, meta)
+        o = self.backend.forward(q, self.kv_cache, meta, self.attn_params)
         return self.o_proj(o.flatten(1))
 
 
@@ -60,17 +64,20 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, swiglu=True)
+        act = cfg.hidden_act  # silu: SwiGLU; gelu_pytorch_tanh: GeGLU (TransformerConfig refuses others)
+        self.down_proj = RowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=False, swiglu=act == "silu", geglu=act == "gelu_pytorch_tanh"
+        )
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: gate_up_proj's output (run by the post-attention norm); down_proj(silu(gate) * up)."""
+        """gate_up: gate_up_proj's output (run by the post-attention norm); down_proj(act(gate) * up)."""
         return self.down_proj(gate_up)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
-        attn, mlp = LlamaAttention(cfg, rope, backend), LlamaMLP(cfg)
+        attn, mlp = LlamaAttention(cfg, rope, backend, layer), LlamaMLP(cfg)
         # each norm runs with the projection it feeds: one kernel at decode sizes
         self.input_layernorm = NormLinear(cfg.hidden_size, cfg.rms_norm_eps, attn.qkv_proj)
         self.self_attn = attn
@@ -96,21 +103,27 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
+    norm_offset = 0.0  # the final norm's weight offset (Gemma: 1, its norms scale by 1 + w)
+
     def __init__(self, cfg: TransformerConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(self.decoder_layer(cfg, i, rope, backend) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = self.build_layers(cfg, backend)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.norm_offset)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         self.materialize()
+
+    def build_layers(self, cfg: TransformerConfig, backend: AttentionBackend) -> nn.ModuleList:
+        """The decoder layers, sharing one RoPE table."""
+        rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        return nn.ModuleList(self.decoder_layer(cfg, i, rope, backend) for i in range(cfg.num_layers))
 
     def decoder_layer(
         self, cfg: TransformerConfig, index: int, rope: RotaryEmbedding, backend: AttentionBackend
     ) -> nn.Module:
         """Layer `index` of the stack (a family whose layers differ overrides this)."""
-        return LlamaDecoderLayer(cfg, rope, backend)
+        return LlamaDecoderLayer(cfg, rope, backend, index)
 
     def materialize(self) -> None:
         """Tie the LM head to the embedding (again: moving off the `meta` device unties them)."""
@@ -126,8 +139,12 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """float32 logits [T, vocab] of the final hidden states (into `out` if given)."""
-        return self.lm_head.float_logits(hidden, out)
+        """float32 logits [T, vocab] of the final hidden states (into `out` if given), soft-capped as c * tanh(l / c)
+        where the config says so (Gemma 2)."""
+        logits = self.lm_head.float_logits(hidden, out)
+        if cap := self.cfg.final_logit_softcap:
+            logits.div_(cap).tanh_().mul_(cap)
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hand each checkpoint tensor (Hugging Face name, full shape) to its parameter's loader, which copies this

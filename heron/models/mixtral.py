@@ -56,9 +56,11 @@ class MoeDecoderLayer(nn.Module):
     """The Llama layer with a sparse MLP: the post-attention norm's output goes to the router and to the experts,
     so that norm is an `RMSNorm` of its own (the attention's still runs with the qkv projection)."""
 
-    def __init__(self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend, mlp: nn.Module):
+    def __init__(
+        self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend, layer: int, mlp: nn.Module
+    ):
         super().__init__()
-        attn = LlamaAttention(cfg, rope, backend)
+        attn = LlamaAttention(cfg, rope, backend, layer)
         self.input_layernorm = NormLinear(cfg.hidden_size, cfg.rms_norm_eps, attn.qkv_proj)
         self.self_attn = attn
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -82,8 +84,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
         """A sparse layer where `MoeConfig.is_sparse` says so, else the dense Llama layer (Qwen's mlp_only_layers
         and decoder_sparse_step)."""
         if cfg.moe is None or not cfg.moe.is_sparse(index):
-            return LlamaDecoderLayer(cfg, rope, backend)
-        return MoeDecoderLayer(cfg, rope, backend, self.sparse_block(cfg))
+            return LlamaDecoderLayer(cfg, rope, backend, index)
+        return MoeDecoderLayer(cfg, rope, backend, index, self.sparse_block(cfg))
 
     def checkpoint_target(self, name: str) -> tuple[str, Any]:
         name = name.replace(".block_sparse_moe.", ".mlp.")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from heron.models.gemma2 import Gemma2ForCausalLM
+from heron.models.gemma3 import Gemma3ForCausalLM
 from heron.models.llama import LlamaForCausalLM
+from heron.models.mistral import MistralForCausalLM
 from heron.models.mixtral import MixtralForCausalLM
 from heron.models.phi3 import Phi3ForCausalLM
 from heron.models.qwen2 import Qwen2ForCausalLM
@@ -13,8 +16,11 @@ from heron.models.qwen3 import Qwen3ForCausalLM
 from heron.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,  # its language model (gemma3.py)
     "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

@@ -34,6 +34,21 @@ def _page_table(tables: np.ndarray, lens: list[int], block_size: int):
     return indptr, indices[:n], last
 
 
+def test_a_layer_it_cannot_run_is_refused_by_name():
+    """One FlashInfer plan serves every layer: a window, a soft cap or another scale is a clear error (checked
+    before anything is planned, so without FlashInfer installed too), the backend's own params pass."""
+    from heron.attention.backend import AttentionParams
+    from heron.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    fi = object.__new__(FlashInferAttentionBackend)  # no flashinfer import: the check comes first
+    fi.scale, fi.default_params = 0.125, AttentionParams(0.125)
+    for params in (AttentionParams(0.125, sliding_window=4096), AttentionParams(0.125, logits_soft_cap=50.0)):
+        with pytest.raises(ValueError, match="use attention_backend 'triton'"):
+            fi.forward(None, None, None, params)
+    with pytest.raises(AttributeError):  # past the check: on to planning, which this stub cannot do
+        fi.forward(None, None, None, AttentionParams(0.125))
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_page_table_matches_the_block_tables(block_size):
     rng = np.random.default_rng(block_size)

@@ -1,4 +1,5 @@
-"""The fused elementwise kernels (RMSNorm with residual add, q/k norm + RoPE, silu_and_mul) against the model's
+"""The fused elementwise kernels (RMSNorm with residual add, q/k norm + RoPE, silu_and_mul, gelu_tanh_and_mul)
+against the model's
 PyTorch code, which is their reference. On CPU they run under Triton's interpreter with small shapes; the
 `gpu`-marked cases (production shapes, the modules' dispatch, CUDA-graph capture) run only on CUDA.
 
@@ -13,8 +14,14 @@ import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
 
-from heron.kernels.activation import _silu_and_mul_kernel, silu_and_mul
-from heron.kernels.reference import apply_rope_ref, rms_norm_ref, silu_and_mul_ref, write_kv_ref
+from heron.kernels.activation import _act_and_mul_kernel, gelu_tanh_and_mul, silu_and_mul
+from heron.kernels.reference import (
+    apply_rope_ref,
+    gelu_tanh_and_mul_ref,
+    rms_norm_ref,
+    silu_and_mul_ref,
+    write_kv_ref,
+)
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from heron.kernels.rope import apply_rope, apply_rope_and_cache
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
@@ -23,7 +30,7 @@ DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 
-skip_unless_runnable(_silu_and_mul_kernel, DEVICE)
+skip_unless_runnable(_act_and_mul_kernel, DEVICE)
 
 # dtype -> (relative Frobenius error, fraction of elements allowed to differ from the reference)
 TOL = {torch.float32: (1e-5, 1.0), torch.bfloat16: (4e-3, 0.01)}
@@ -195,6 +202,17 @@ def test_silu_and_mul(dtype, tokens, inter):
     x[0, :4] = torch.tensor([-200.0, 200.0, -1e4, 0.0], dtype=dtype)  # exp overflow must give -0, not NaN
     out = silu_and_mul(x, out=_poison((tokens, inter), dtype))
     _check(out, silu_and_mul_ref(x), "silu_and_mul")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_and_mul(dtype):
+    """Gemma's GeGLU: F.gelu(approximate="tanh"), rounded as PyTorch rounds it, also where tanh saturates."""
+    gen = _gen(11)
+    x = _randn(21, 2 * 160, gen=gen, dtype=dtype, scale=3.0)
+    x[0, :5] = torch.tensor([-200.0, 200.0, -1e4, 0.0, 1e-3], dtype=dtype)
+    out = gelu_tanh_and_mul(x, out=_poison((21, 160), dtype))
+    _check(out, gelu_tanh_and_mul_ref(x), "gelu_tanh_and_mul")
+    assert rel_err(out, silu_and_mul_ref(x)) > 0.05  # another activation than SwiGLU's
 
 
 # -- GPU only: production shapes, the modules' dispatch, CUDA graphs ----------------------------------------

@@ -86,10 +86,11 @@ def test_paged_decode(dtype, heads, head_dim, block_size, parts, seq_lens):
 
 def test_decode_tile_follows_partitions_and_cache_dtype():
     """128-key tiles only for a 16-bit cache with <= 2 partitions (large batches); a float32 cache keeps 64
-    (128 would not fit in the shared memory of ~100 KB GPUs); the block size is a floor."""
-    assert default_block_n(16, 1, 2) == default_block_n(16, 2, 2) == 128
-    assert default_block_n(16, 4, 2) == default_block_n(16, 1, 4) == 64
-    assert default_block_n(256, 16, 4) == 256
+    (128 would not fit in the shared memory of ~100 KB GPUs); head_dim 256 takes 32; the block size is a floor."""
+    assert default_block_n(16, 1, 2, 128) == default_block_n(16, 2, 2, 128) == default_block_n(16, 1, 2, 64) == 128
+    assert default_block_n(16, 4, 2, 128) == default_block_n(16, 1, 4, 128) == 64
+    assert default_block_n(16, 1, 2, 256) == default_block_n(16, 1, 4, 256) == 32
+    assert default_block_n(256, 16, 4, 128) == 256
 
 
 def test_paged_decode_empty_sequence_gives_zeros():
@@ -270,6 +271,69 @@ def test_paged_prefill_padded_group_tiles(tiles):
     assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {tiles}")
 
 
+# -- attention variants: sliding window, soft-capped logits ------------------------------------------------------
+
+VARIANT_DECODE_CASES = [
+    # window, soft cap, partitions, seq_lens: windows shorter than, across and past the sequences, off tile edges
+    (8, None, 1, [1, 17, 50]),
+    (21, 30.0, 3, [33, 5, 96]),
+    (None, 5.0, 2, [40, 9]),
+]
+
+
+@pytest.mark.parametrize("window,cap,parts,seq_lens", VARIANT_DECODE_CASES)
+def test_paged_decode_window_and_soft_cap(window, cap, parts, seq_lens):
+    gen = _gen(21)
+    meta = make_batch(seq_lens, [1] * len(seq_lens), 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = (4 * torch.randn(len(seq_lens), 8, 64, generator=gen)).to(DEVICE, torch.bfloat16)  # scores past the cap
+    out = paged_decode_attention(
+        q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        0.125,
+        out=_nan_like(q),
+        num_partitions=parts,
+        block_n=16 if not ON_GPU else None,
+        sliding_window=window,
+        soft_cap=cap,
+    )
+    want = paged_attention_ref(q.float(), cache.float(), meta, 0.125, sliding_window=window, soft_cap=cap)
+    assert_close(out, want, torch.bfloat16, "decode vs torch_ref")
+    ref = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, 0.125, window, cap)
+    assert_close(out, ref, torch.bfloat16, "decode vs paged_decode_ref")
+    full = paged_decode_ref(q.float(), cache, meta.block_tables, meta.seq_lens, 0.125)
+    assert (ref - full).abs().max() > 0.1, "the variant must change the result (else this test proves nothing)"
+
+
+VARIANT_PREFILL_CASES = [
+    # window, soft cap, seq_lens, q_lens: a window under a query tile (8 tokens) + a key tile, chunks over a prefix
+    # that crosses the window edge, a fresh prompt longer than the window, a one-token chunk
+    (5, None, [40, 23, 3], [40, 9, 1]),
+    (24, 20.0, [70, 31], [17, 31]),
+    (None, 8.0, [19, 50], [19, 6]),
+]
+
+
+@pytest.mark.parametrize("window,cap,seq_lens,q_lens", VARIANT_PREFILL_CASES)
+def test_paged_prefill_window_and_soft_cap(window, cap, seq_lens, q_lens):
+    gen = _gen(22)
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = (4 * torch.randn(meta.num_tokens, 8, 64, generator=gen)).to(DEVICE, torch.bfloat16)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    tiles = dict(block_m=32, block_n=16) if not ON_GPU else {}
+    out = paged_prefill_attention(
+        *args, meta.max_query_len, 0.125, out=_nan_like(q), sliding_window=window, soft_cap=cap, **tiles
+    )
+    want = paged_attention_ref(q.float(), cache.float(), meta, 0.125, sliding_window=window, soft_cap=cap)
+    assert_close(out, want, torch.bfloat16, "prefill vs torch_ref")
+    ref = paged_prefill_ref(*args, 0.125, window, cap)
+    assert_close(out, ref, torch.bfloat16, "prefill vs paged_prefill_ref")
+    assert (ref - paged_prefill_ref(*args, 0.125)).abs().max() > 0.1, "the variant must change the result"
+
+
 # -- the backend -----------------------------------------------------------------------------------------------
 
 
@@ -297,6 +361,28 @@ def test_triton_backend_matches_torch_backend(kind):
     tri.prepare(meta)
     got = tri.forward(q, cache, meta)
     assert_close(got, want, dtype, kind)
+
+
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_triton_backend_takes_each_layers_params(kind):
+    """Two layers of one step, one with a window, soft cap and its own scale, one full: each as the torch backend
+    computes it with the same params."""
+    from heron.attention.backend import AttentionParams
+    from heron.attention.triton_backend import TritonAttentionBackend
+
+    gen = _gen(23)
+    seq_lens, q_lens = {"decode": ([12, 40, 3], [1, 1, 1]), "mixed": ([25, 7, 40, 1], [1, 7, 11, 1])}[kind]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = (3 * torch.randn(meta.num_tokens, 8, 64, generator=gen)).to(DEVICE, torch.bfloat16)
+    tri = TritonAttentionBackend(8, 2, 64, 0.125)
+    tri.num_partitions = 2 if not ON_GPU else None
+    tri.reserve(len(seq_lens), DEVICE)
+    tri.prepare(meta)
+    ref = TorchAttentionBackend(8, 2, 64, 0.125)
+    for params in (AttentionParams(0.1, sliding_window=6, logits_soft_cap=10.0), None):
+        want = ref.forward(q.float(), cache.float(), meta, params)
+        assert_close(tri.forward(q, cache, meta, params), want, torch.bfloat16, f"{kind} {params}")
 
 
 def test_triton_backend_orders_a_decode_step_once(monkeypatch):
@@ -402,6 +488,30 @@ def test_paged_prefill_large(heads, head_dim):
     )
     ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
     assert_close(out, ref, torch.bfloat16, "prefill large")
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,window,cap", [(256, 4096, 50.0), (256, None, None), (128, 1024, None)])
+def test_attention_variants_large(head_dim, window, cap):
+    """Gemma 2's shapes (head_dim 256, GQA 2, window 4096, soft cap 50) and a Mistral-like window on long
+    sequences: decode (every partition count) and prefill against the references."""
+    gen = _gen(24)
+    seq_lens, q_lens = [5000, 700, 4097, 333, 90], [1500, 200, 512, 1, 90]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 8, head_dim, torch.bfloat16, DEVICE, gen)
+    q = (2 * torch.randn(meta.num_tokens, 16, head_dim, generator=gen)).to(DEVICE, torch.bfloat16)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    variant = dict(sliding_window=window, soft_cap=cap)
+    out = paged_prefill_attention(*args, meta.max_query_len, 0.0625, out=_nan_like(q), **variant)
+    assert_close(out, paged_prefill_ref(*args, 0.0625, window, cap), torch.bfloat16, "prefill")
+    dq = q[: len(seq_lens)].contiguous()
+    ref = paged_decode_ref(dq.float(), cache, meta.block_tables, meta.seq_lens, 0.0625, window, cap)
+    for parts in (None, 1, 8):
+        out = paged_decode_attention(
+            dq, cache, meta.block_tables, meta.seq_lens, 0.0625, out=_nan_like(dq), num_partitions=parts, **variant
+        )
+        assert_close(out, ref, torch.bfloat16, f"decode P={parts}")
 
 
 @gpu_only

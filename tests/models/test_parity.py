@@ -10,6 +10,7 @@ import torch
 from heron import LLM, SamplingParams
 from heron.models.gguf_loader import load_gguf
 from heron.models.loader import embedded_model_path
+from tests.conftest import SLIDING_WINDOW
 
 PROMPTS = [
     "Hello, my name is",
@@ -48,7 +49,9 @@ def hf_tiny(tiny_model_dir):
     return get
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe"]
+)
 def test_greedy_matches_transformers_on_a_mixed_batch(arch, hf_tiny):
     model, tok, path = hf_tiny(arch)
     llm = LLM(path, kv_cache_memory=32 << 20)
@@ -56,7 +59,7 @@ def test_greedy_matches_transformers_on_a_mixed_batch(arch, hf_tiny):
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(model, tok, PROMPTS, 12)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "mistral", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_fp32_logits_match_transformers(arch, hf_tiny):
     model, tok, path = hf_tiny(arch)
     llm = LLM(path, kv_cache_memory=32 << 20)
@@ -77,6 +80,52 @@ def test_fp32_logits_match_transformers(arch, hf_tiny):
     with torch.no_grad():
         ref_last = model(gen).logits[0, -1]
     assert (captured[-1][0] - ref_last).norm() / ref_last.norm() < 1e-4
+
+
+LONG_PROMPT = " ".join(PROMPTS[2:] * 2)  # ~50 tokens: six windows of the tiny configs' 8
+
+
+def capture_logits(llm) -> list:
+    """The logits of each step that samples, as the engine computes them (a prompt's chunks before its last
+    compute none)."""
+    captured, model = [], llm.engine.runner.model
+    compute = model.compute_logits
+
+    def record(hidden, out=None):
+        logits = compute(hidden, out)
+        if len(logits):
+            captured.append(logits.clone())
+        return logits
+
+    model.compute_logits = record
+    return captured
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert (ours - ref).norm() / ref.norm() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "phi3-longrope"])
+def test_past_the_sliding_window_in_chunks_that_cross_its_edge(arch, hf_tiny):
+    """A prompt six windows long, prefilled in chunks of 6 tokens (each chunk's queries see keys across the window
+    edge of the 8-token window, some in earlier chunks), then decoded: greedy ids and fp32 logits as transformers'.
+    (Phi-3 with LongRoPE: past its 32-token original context, where both use the long factors.)"""
+    model, tok, path = hf_tiny(arch)
+    llm = LLM(path, kv_cache_memory=32 << 20, max_num_batched_tokens=6, max_num_seqs=2)
+    ids = tok(LONG_PROMPT, return_tensors="pt").input_ids
+    assert ids.shape[1] > 6 * SLIDING_WINDOW
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    both = [LONG_PROMPT, " ".join(PROMPTS * 2)]  # (both past LongRoPE's 32 tokens)
+    out = llm.generate(both, params, use_tqdm=False)  # scheduled side by side
+    assert [o.outputs[0].token_ids for o in out] == hf_greedy(model, tok, both, 8)
+    captured = capture_logits(llm)
+    llm.generate([ids[0].tolist()], params, use_tqdm=False)  # alone: one row per step
+    full = torch.tensor([ids[0].tolist() + out[0].outputs[0].token_ids])
+    with torch.no_grad():
+        ref = model(full).logits[0, ids.shape[1] - 1 : -1]  # after the prompt, and after each decoded token
+    assert len(captured) == len(ref) == 8
+    for ours, want in zip(captured, ref):
+        assert_logits_close(ours[0], want)
 
 
 def test_chunked_prefill_gives_the_same_tokens(hf_tiny):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from heron.kernels.activation import silu_and_mul
+from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from heron.kernels.gemm.blas import blas_linear
 from heron.kernels.gemm.plans import MatmulPlans
 from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
@@ -35,6 +35,14 @@ def silu_mul_linear(
     if use_gemv(gate_up[..., : weight.shape[1]], weight, bias):
         return gemv_silu_mul(gate_up, weight, bias)
     return linear(silu_and_mul(gate_up), weight, bias, plans)
+
+
+def gelu_tanh_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+) -> torch.Tensor:
+    """linear(gelu_tanh(gate) * up) (GeGLU's down projection): the activation kernel, then the projection. Never
+    the GEMV's fused prologue, which computes SiLU."""
+    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans)
 
 
 def rms_norm_linear(

@@ -47,6 +47,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "rms_norm": ((rmsnorm, door), lambda x, w, eps, out=None: reference.rms_norm_ref(x, w, eps)),
     "fused_add_rms_norm": ((rmsnorm, door), lambda x, r, w, eps, **_: reference.rms_norm_ref(x, w, eps, r)),
     "silu_and_mul": ((activation, door), lambda x, out=None: reference.silu_and_mul_ref(x)),
+    "gelu_tanh_and_mul": ((activation, door), lambda x, out=None: reference.gelu_tanh_and_mul_ref(x)),
     "apply_rope_and_cache": ((rope,), reference.apply_rope_and_cache_ref),
     "blas_linear": ((door,), lambda x, w, b=None, plans=None: F.linear(x, w, b)),
     "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
@@ -94,8 +95,19 @@ def _step(model, cfg, rows: int, decode: bool):
     return model.compute_logits(hidden[qsl[1:].long() - 1])
 
 
-def _on_fake_cuda(hf: dict):
-    """The model of config dict `hf` with random bf16 weights, "moved to CUDA", with KV caches."""
+def _on_fake_cuda(arch: str, **extra):
+    """A tiny `arch` model (config fields `extra` on top) with random bf16 weights, "moved to CUDA", with KV caches."""
+    hf = dict(
+        architectures=[arch],
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **extra,
+    )
     cfg = TransformerConfig.from_hf(hf)
     torch.manual_seed(0)
     model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
@@ -112,20 +124,9 @@ def _on_fake_cuda(hf: dict):
     return model, cfg
 
 
-HF = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
-
-
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
 def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tuned_blas_past_them(launches, arch):
-    model, cfg = _on_fake_cuda(dict(HF, architectures=[arch]))
+    model, cfg = _on_fake_cuda(arch)
     fused = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
     unfused = ["rms_norm", "blas_linear", "apply_rope_and_cache", "blas_linear", "fused_add_rms_norm", "blas_linear"]
     unfused += ["silu_and_mul", "blas_linear"]
@@ -145,8 +146,14 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
 def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(launches):
     """Qwen3-MoE: layer 0 sparse (the router through the matmul door, then routing and the grouped GEMMs),
     layer 1 dense (mlp_only_layers)."""
-    hf = dict(HF, architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=2, mlp_only_layers=[1])
-    model, cfg = _on_fake_cuda(dict(hf, moe_intermediate_size=32, norm_topk_prob=True))
+    model, cfg = _on_fake_cuda(
+        "Qwen3MoeForCausalLM",
+        num_experts=8,
+        num_experts_per_tok=2,
+        mlp_only_layers=[1],
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
     attention = ["gemv_rms_norm", "apply_rope_and_cache", "gemv"]
     sparse = [*attention, "fused_add_rms_norm", "gemv", "topk_softmax", "fused_experts"]
     dense = [*attention, "gemv_rms_norm", "gemv_silu_mul"]
@@ -155,3 +162,16 @@ def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(lau
         logits = _step(model, cfg, 4, decode=True)
     assert launches == sparse + dense + ["fused_add_rms_norm", "gemv"]
     assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
+
+
+def test_geglu_never_takes_the_swiglu_prologue(launches):
+    """Gemma 2's down projection at decode sizes: its activation kernel, then the plain GEMV (the GEMV's fused
+    prologue computes SiLU). Its post-norms are norm kernels of their own."""
+    model, cfg = _on_fake_cuda("Gemma2ForCausalLM", hidden_activation="gelu_pytorch_tanh", head_dim=16)
+    layer = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "rms_norm", "gemv_rms_norm"]
+    layer += ["gelu_tanh_and_mul", "gemv", "rms_norm"]
+    with torch.inference_mode():
+        logits = _step(model, cfg, 4, True)
+    assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
+    assert "gemv_silu_mul" not in launches and "silu_and_mul" not in launches
+    assert torch.isfinite(_plain(logits)).all()
