@@ -6,45 +6,34 @@ then forks into n sequences that share its KV blocks. The block manager copies a
 block before the first write to it (copy-on-write), so the prompt's full blocks stay shared for good.
 Until it forks, the sequence holds the batch seats of all n samples, so that they can run together.
 
-The scheduler's side: `add` a request's first sequence, `held_seats` when counting free seats, `fork`
-when its first tokens arrive, `discard` when it finishes. (Beam search would fork the same way.)
+The scheduler's side: `add` a request's first sequence, `fork` when its first tokens arrive. (Beam search
+would fork the same way.)
 """
 
 from __future__ import annotations
 
 from heron.engine.block_manager import BlockManager
-from heron.engine.request import Sequence, SequenceStatus
+from heron.engine.request import Sequence
 
 
 class ParallelSampling:
     def __init__(self, block_manager: BlockManager) -> None:
         self.bm = block_manager
-        self.unforked: set[Sequence] = set()  # first sequences of n > 1 requests that have not forked yet
 
     def add(self, seq: Sequence) -> None:
         """A new request's sequence: with n > 1 its first draw yields n tokens."""
         if seq.params.n > 1:
             seq.num_samples = seq.params.n
-            self.unforked.add(seq)
-
-    def held_seats(self) -> int:
-        """Seats the running unforked sequences hold beyond their own one: n - 1 each."""
-        return sum(s.num_samples - 1 for s in self.unforked if s.status is SequenceStatus.RUNNING)
 
     def fork(self, seq: Sequence) -> list[Sequence]:
         """Branch off the other n - 1 samples of `seq`, whose first draw has just been read back (its
         tokens not yet appended): at its point, sharing its blocks. Returns them."""
-        self.unforked.discard(seq)
         seq.num_samples = 1
         children = [_sibling(seq, index) for index in range(1, seq.params.n)]
         for child in children:
             self.bm.fork(seq, child)
         seq.request.seqs += children
         return children
-
-    def discard(self, seq: Sequence) -> None:
-        """`seq` finished (or was aborted) before forking."""
-        self.unforked.discard(seq)
 
 
 def _sibling(seq: Sequence, index: int) -> Sequence:

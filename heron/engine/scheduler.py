@@ -10,7 +10,6 @@ room (swap_space.py), else recomputed later. Requests with n > 1 fork once their
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 from heron.batch import ScheduledBatch
@@ -19,6 +18,7 @@ from heron.engine.block_manager import BlockManager
 from heron.engine.parallel_sampling import ParallelSampling
 from heron.engine.request import Sequence, SequenceStatus
 from heron.engine.swap_space import SwapSpace
+from heron.engine.waiting_queue import WaitingQueue, rank
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_cpu_blocks: int = 0) -> None:
         self.config = config
         self.bm = block_manager
-        self.waiting: list[Sequence] = []  # kept in rank order
+        self.waiting = WaitingQueue(config.policy)
         self.running: list[Sequence] = []  # admission order (fcfs) or rank order (priority)
         self.swap = SwapSpace(block_manager, num_cpu_blocks)
         self.forks = ParallelSampling(block_manager)
@@ -55,27 +55,19 @@ class Scheduler:
     # -- ranking -------------------------------------------------------------------------------------
 
     def _rank(self, seq: Sequence) -> tuple:
-        r = seq.request
-        return (r.priority, r.arrival_time) if self.config.policy == "priority" else (r.arrival_time,)
-
-    def _insert_waiting(self, seq: Sequence, front: bool = False) -> None:
-        seq.status = SequenceStatus.WAITING
-        if front and self.config.policy == "fcfs":
-            self.waiting.insert(0, seq)
-        else:
-            keys = [self._rank(s) for s in self.waiting]
-            self.waiting.insert(bisect.bisect_right(keys, self._rank(seq)), seq)
+        return rank(seq, self.config.policy)
 
     # -- requests coming and going ---------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         self.forks.add(seq)
-        self._insert_waiting(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.push(seq)
 
     def _free_seats(self) -> int:
         """max_num_seqs less the running sequences' seats: one each, and all n for a request that has not
-        forked yet."""
-        return self.config.max_num_seqs - len(self.running) - self.forks.held_seats()
+        forked yet (its `num_samples`)."""
+        return self.config.max_num_seqs - sum(s.num_samples for s in self.running)
 
     @property
     def num_waiting(self) -> int:
@@ -87,12 +79,12 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Retire a sequence (finished or aborted): its blocks are released at once."""
-        for queue in (self.running, self.waiting):
-            if seq in queue:
-                queue.remove(seq)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)  # (at most max_num_seqs long)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
         self.swap.discard(seq)
         self.bm.free_seq(seq)
-        self.forks.discard(seq)
         seq.status = SequenceStatus.FINISHED
 
     def fork(self, seq: Sequence) -> list[Sequence]:
@@ -165,8 +157,9 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, seats: int) -> None:
         """Waiting sequences, new or preempted, with whatever the prefix cache already holds (a request that
         has not forked yet takes the seats of all its n samples)."""
-        while self.waiting and budget > 0 and not self.swap.queue and seats >= self.waiting[0].num_samples:
-            seq = self.waiting[0]
+        while budget > 0 and not self.swap.queue and (seq := self.waiting.first()) is not None:
+            if seats < seq.num_samples:
+                break
             cached = self.bm.find_cached(seq)
             n = min(seq.num_uncomputed_tokens - len(cached) * self.bm.block_size, budget)
             copies = self.bm.allocate(seq, n, cached)
@@ -175,7 +168,7 @@ class Scheduler:
             if seq.request.metrics.first_scheduled_time is None:
                 self.bm.count_query(seq.num_prompt_tokens)
                 seq.num_cached_tokens = seq.num_computed_tokens
-            self.waiting.pop(0)
+            self.waiting.pop()
             out.batch.block_copies += copies
             self._admit(seq, n, out)
             seats -= seq.num_samples
@@ -197,13 +190,14 @@ class Scheduler:
             out.batch.swap_out += copies
         else:
             self.bm.free_seq(seq)
-            self._insert_waiting(seq, front=True)
+            seq.status = SequenceStatus.WAITING
+            self.waiting.push(seq, preempted=True)
 
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Priority policy: a waiting request ranked above a running one takes its place when the batch
         is full (seats or blocks)."""
-        while self.waiting and self.running:
-            best, worst = self.waiting[0], max(self.running, key=self._rank)
+        while (best := self.waiting.first()) is not None and self.running:
+            worst = max(self.running, key=self._rank)
             if self._rank(best) >= self._rank(worst):
                 return
             seats = self._free_seats()

@@ -1,11 +1,15 @@
 """The scheduler over integers, with a stand-in for the model: each sequence that draws gets one more token
 (read back at once), until it has `max_tokens`."""
 
+import gc
+import random
+import time
+
 import pytest
 
 from heron.config import SchedulerConfig
 from heron.engine.block_manager import BlockManager
-from heron.engine.request import Request
+from heron.engine.request import Request, SequenceStatus
 from heron.engine.scheduler import Scheduler
 from heron.sampling_params import SamplingParams
 
@@ -100,7 +104,7 @@ def test_priority_preempts_a_lower_priority_running_request():
     batch = step(sched)
     assert batch.num_preempted == 1 and sched.num_preemptions == 1
     assert [s.request.request_id for s in batch.seqs] == ["urgent"]
-    assert sched.waiting[0].request.request_id == "low"
+    assert sched.waiting.first().request.request_id == "low"
     ids = [b.seqs[0].request.request_id for b in run_all(sched)]
     assert ids[0] == "urgent" and ids[-1] == "low"
 
@@ -138,3 +142,45 @@ def test_prefix_cache_hit_skips_computed_tokens():
     batch = step(sched)
     assert batch.num_tokens == [2]  # two full blocks of 4 came from the cache
     assert batch.seqs[0].num_cached_tokens == 8
+
+
+def _queue_costs(n: int) -> tuple[float, float, float]:
+    """Seconds to add n requests (arrival times in random order), to run 100 steps of 8 one-token requests
+    with the rest waiting behind them, and to abort 1,000 waiting requests spread over the queue."""
+    sched = make_scheduler(num_blocks=64, max_num_seqs=8, max_tokens=64)
+    params = SamplingParams(max_tokens=1)
+    rng = random.Random(0)
+    gc.disable()  # making 200,000 requests is the test's setup, not what it times (nor their garbage collection)
+    try:
+        reqs = [Request(str(i), None, [1, 2], params, arrival_time=rng.random()) for i in range(n)]
+    finally:
+        gc.enable()
+        gc.collect()
+    start = time.perf_counter()
+    for i, req in enumerate(reqs):
+        sched.add(req.seqs[0])
+        if i % 1000 == 0 and time.perf_counter() - start > ADD_LIMIT_S:
+            pytest.fail(f"adding {i} of {n} requests took over {ADD_LIMIT_S} s")
+    added = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(100):
+        step(sched)
+    stepped = time.perf_counter() - start
+    waiting = [r.seqs[0] for r in reqs if r.seqs[0].status is SequenceStatus.WAITING]
+    start = time.perf_counter()
+    for seq in waiting[:: len(waiting) // 1000][:1000]:
+        sched.finish(seq)
+    aborted = time.perf_counter() - start
+    assert sched.num_waiting == n - 800 - 1000
+    return added, stepped, aborted
+
+
+ADD_LIMIT_S = 5.0
+
+
+def test_queue_costs_do_not_grow_with_the_queue():
+    small, big = _queue_costs(20_000), _queue_costs(200_000)
+    assert big[0] < ADD_LIMIT_S
+    assert big[0] < 25 * small[0], (small, big)  # linear: 10x the requests, about 10x the time (O(n^2): 100x)
+    assert big[1] < 4 * small[1] + 0.05, (small, big)  # a step costs the same whatever waits behind it
+    assert big[2] < 4 * small[2] + 0.05, (small, big)
