@@ -177,8 +177,8 @@ def _moe_align_kernel(
         tl.store(expert_ids_ptr + b, tl.where(b * BLOCK_M < total, owner, -1), mask=b < max_blocks)
     # the padding slots at the end of each run
     pad = tl.arange(0, BLOCK_M)
-    slot = (starts + counts)[:, None] + pad[None, :]
-    tl.store(sorted_ids_ptr + slot, num_entries, mask=pad[None, :] < (padded - counts)[:, None])
+    pad_slot = (starts + counts)[:, None] + pad[None, :]
+    tl.store(sorted_ids_ptr + pad_slot, num_entries, mask=pad[None, :] < (padded - counts)[:, None])
     # each entry to the next free slot of its expert's run (this program's atomics: the order within a run
     # varies from call to call, and no entry's result depends on it)
     tl.store(cursor_ptr + e, starts)
