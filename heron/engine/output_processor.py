@@ -109,7 +109,7 @@ class OutputProcessor:
     def news(self, s: Sequence, delta: bool = True) -> tuple:
         """A sequence's output as CompletionOutput's fields, in order: all of it, or with `delta` only the
         tokens, text and logprobs added since the previous call. A plain tuple, so that the engine process
-        sends it as it is (engine_core.to_wire)."""
+        sends it as it is (engine_core.request_delta)."""
         p = s.request.params
         start, text_start = (s.num_sent_tokens, s.num_sent_chars) if delta else (0, 0)
         n = s.num_prompt_tokens
