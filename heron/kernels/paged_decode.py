@@ -211,8 +211,9 @@ def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.dev
 
 def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_dim: int) -> int:
     """Keys per tile: 128 for a 16-bit cache when each program has a long run of keys (at most two partitions:
-    batch x KV heads fill the GPU), else 64; 32 at head_dim 256 (Gemma). Swept on an H200 (perf_notes run 20):
-    128 keys with 3 stages took batch 100 (~1,200-token contexts) from 140 to 127 us, batch 200 177 -> 172, the
+    batch x KV heads fill the GPU), else 64; 32 at head_dim 256 (Gemma). Swept on an H200
+    (docs/history/perf_notes.md run 20): 128 keys with 3 stages took batch 100 (~1,200-token contexts) from 140
+    to 127 us, batch 200 177 -> 172, the
     `kernels` case (batch 64, P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared
     memory at D 128 (sm_90 build), more than GPUs with ~100 KB per SM have. At D 256, 64 keys spill registers
     in ptxas's sm_90 build and 32 do not (not yet timed). The block size is a floor."""

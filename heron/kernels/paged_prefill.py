@@ -23,7 +23,7 @@ never wait on a table read and the software pipeline spends its stages on K/V bu
 scales inside the exponent's argument (`_softmax_pv`: one FMA per score). With 8 warps the kernel is held to
 128 registers, two programs per SM, so one program's softmax overlaps the other's matrix products. Against
 the previous loop (table read in the same iteration, scale then subtract, 2 stages): 1.09-1.10 x on the
-kernels benchmark's prefill, 1.06-1.09 x on fresh 512-token prompts (H200, docs/perf_notes.md run 14; a
+kernels benchmark's prefill, 1.06-1.09 x on fresh 512-token prompts (H200, docs/history/perf_notes.md run 14; a
 lazy rescale of the accumulator and a longest-first launch order were slower there).
 """
 
@@ -324,8 +324,8 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
         return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1, maxnreg=None)
     if head_dim > 128:  # D 256 (Gemma): of the 64-row tiles, the least spilling in ptxas's sm_90 build; not yet timed
         return dict(block_m=max(64, g_pad), block_n=16, num_warps=8, num_stages=2, maxnreg=None)
-    # From sweeps on an H200 (bf16; docs/kernels.md, perf_notes run 14): D 128 -> 128 x 32 tiles, 8 warps, 3
-    # stages, 128 registers (two programs per SM); D 64 -> 64 x 64, 4 warps (~260-300 TFLOP/s).
+    # From sweeps on an H200 (bf16; docs/kernels.md, docs/history/perf_notes.md run 14): D 128 -> 128 x 32 tiles,
+    # 8 warps, 3 stages, 128 registers (two programs per SM); D 64 -> 64 x 64, 4 warps (~260-300 TFLOP/s).
     if head_dim >= 128:
         return dict(block_m=max(128, g_pad), block_n=32, num_warps=8, num_stages=3, maxnreg=128)
     return dict(block_m=max(64, g_pad), block_n=64, num_warps=4, num_stages=2, maxnreg=None)
