@@ -63,6 +63,29 @@ RANGES: dict[str, Range] = {
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 
 
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output, as vLLM's `StructuredOutputsParams`: exactly one of a JSON schema (a dict
+    or its JSON text), any JSON object, a regular expression, a choice of strings, an EBNF grammar, or a
+    structural tag (xgrammar's JSON format for text with constrained parts, which tool calling uses)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            names = ", ".join(_CONSTRAINTS)
+            raise ValueError(f"structured outputs take exactly one of {names}; got {given or 'none'}.")
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
 class RequestOutputKind(enum.Enum):
     """What the engine returns for a request each step: its cumulative output; only what is new since
     the last output (what the server's engine process sends, so a step's outputs cost the new tokens
@@ -97,6 +120,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled in by the engine from the tokenizer / generation_config, not by users.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 

@@ -142,6 +142,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
+        if params.structured_outputs is not None:
+            raise ValueError("structured_outputs is not supported by this engine yet.")
         if not isinstance(prompt, str):
             text, ids = None, list(prompt)
         elif prompt_token_ids is None:
