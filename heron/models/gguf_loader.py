@@ -2,7 +2,8 @@
 metadata, the tensors dequantized to float32 under their Hugging Face names and layouts, and the
 tokenizer transformers builds from the file.
 
-Two things llama.cpp's converter changes that have to be undone here:
+What llama.cpp's converter does differently per family (names, metadata, norm offsets, stacked experts) is
+described in `gguf_families.py`; two llama changes are undone here:
 
 * For the `llama` architecture it reorders the rows of every q_proj and k_proj head from the
   rotate-half RoPE layout of Hugging Face checkpoints to interleaved pairs (llama.cpp rotates
@@ -23,13 +24,7 @@ import torch
 
 from heron.config import ModelSource
 from heron.layers.rotary import rope_inv_freq
-
-# GGUF `general.architecture` -> (Hugging Face architecture, model_type)
-ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-}
+from heron.models.gguf_families import FAMILIES, GGUFFamily
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -49,10 +44,20 @@ _BLOCK_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# All experts of a block in one tensor [E, rows, cols] -> one Hugging Face matrix per expert.
+_EXPERT_TENSORS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Tensors that only feed the config, never a parameter.
-_CONFIG_TENSORS = {"rope_freqs.weight"}
+_CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _SAMPLING_KEYS = {
     "general.sampling.temp": "temperature",
     "general.sampling.top_p": "top_p",
@@ -62,7 +67,7 @@ _SAMPLING_KEYS = {
 
 
 def load_gguf(path: str) -> ModelSource:
-    """Read a GGUF file of a supported architecture (llama, qwen2, qwen3). Raises ValueError for an
+    """Read a GGUF file of a supported architecture (`gguf_families.FAMILIES`). Raises ValueError for an
     unreadable file or an unsupported architecture."""
     import gguf
 
@@ -74,40 +79,56 @@ def load_gguf(path: str) -> ModelSource:
 
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in FAMILIES:
         raise ValueError(
-            f"GGUF file {path} has architecture {arch!r}, which is not supported "
-            f"(supported: {', '.join(ARCHITECTURES)})."
+            f"GGUF file {path} has architecture {arch!r}, which is not supported (supported: {', '.join(FAMILIES)})."
         )
+    family = FAMILIES[arch]
     tensors = {t.name: t for t in reader.tensors}
-    names = {name: _hf_name(name) for name in tensors}
+    if family.permute_qk and any(".ffn_gate_exps." in n for n in tensors):
+        raise ValueError(
+            f"GGUF file {path} is a Mixtral (llama with experts), which Heron reads from its Hugging Face "
+            "checkpoint only (transformers does not read these files either)."
+        )
+    names = {name: _hf_name(name, family) for name in tensors}
     if unknown := sorted(n for n, hf in names.items() if hf is None and n not in _CONFIG_TENSORS):
         raise ValueError(f"GGUF file {path} holds tensors with no Hugging Face counterpart: {unknown[:5]}")
     if "token_embd.weight" not in tensors:
         raise ValueError(f"GGUF file {path} has no token_embd.weight tensor.")
 
-    hf_config = _hf_config(path, arch, meta, tensors)
+    def read(name: str) -> np.ndarray:
+        t = tensors[name]
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ValueError(f"GGUF file {path}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+        w = w.astype(np.float32, copy=False)
+        return w if w.flags.writeable else np.array(w)  # F32 tensors come back as views of the read-only mmap
+
+    hf_config = _hf_config(path, arch, meta, tensors, read)
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     # Rows of each q/k head to reorder: only llama's converter permutes them.
-    rope_heads = {"attn_q": heads, "attn_k": kv_heads} if arch == "llama" else {}
+    rope_heads = {"attn_q": heads, "attn_k": kv_heads} if family.permute_qk else {}
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         for t in reader.tensors:
             hf = names[t.name]
             if hf is None:
                 continue
-            try:
-                w = gguf.quants.dequantize(t.data, t.tensor_type)
-            except Exception as e:
-                raise ValueError(f"GGUF file {path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
-            w = w.astype(np.float32, copy=False)
-            if not w.flags.writeable:  # F32 tensors come back as views of the read-only mmap
-                w = np.array(w)
-            w = torch.from_numpy(w)
+            w = torch.from_numpy(read(t.name))
             piece = t.name.split(".")[2] if t.name.startswith("blk.") else None
             if piece in rope_heads:
                 w = _unpermute_rope_rows(w, rope_heads[piece])
-            yield hf, w
+            if family.norm_offset and t.name.endswith("norm.weight"):
+                w -= family.norm_offset
+            if piece in _EXPERT_TENSORS:
+                layer = t.name.split(".")[1]
+                for e, matrix in enumerate(w):
+                    yield f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_TENSORS[piece]}.weight", matrix
+            elif piece == "ffn_gate_inp_shexp" and w.dim() == 1:  # stored [H]; the module's weight is [1, H]
+                yield hf, w[None]
+            else:
+                yield hf, w
 
     generation_config = {
         k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf_config.get(k) is not None
@@ -163,13 +184,17 @@ class _Metadata:
         return value
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, family: GGUFFamily) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_TENSORS:
+    if m is None:
         return None
-    return f"model.layers.{m.group(1)}.{_BLOCK_TENSORS[m.group(2)]}.{m.group(3)}"
+    piece = m.group(2)
+    if piece in _EXPERT_TENSORS:  # one name per expert, given when the tensor is split
+        return f"model.layers.{m.group(1)}.mlp.experts"
+    module = family.tensors.get(piece) or _BLOCK_TENSORS.get(piece)
+    return None if module is None else f"model.layers.{m.group(1)}.{module}.{m.group(3)}"
 
 
 def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -184,12 +209,12 @@ def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
-    def key(name: str, default=None, required: bool = False):
+def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict, read) -> dict:
+    def key(name: str, default=None, required: bool = False, per_layer: bool = False):
         value = meta.get(f"{arch}.{name}", default)
         if required and value is None:
             raise ValueError(f"GGUF file {path} lacks the metadata key {arch}.{name}.")
-        if isinstance(value, list):  # per-layer values: only uniform ones are supported
+        if isinstance(value, list) and not per_layer:  # per-layer values: only uniform ones are supported
             if len(set(value)) != 1:
                 raise ValueError(f"GGUF file {path}: {arch}.{name} varies by layer ({value[:8]}...); not supported.")
             value = value[0]
@@ -208,10 +233,10 @@ def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
         head_dim = int(tensors["blk.0.attn_q.weight"].shape[-1]) // heads
     head_dim = head_dim or hidden // heads
 
-    hf_arch, model_type = ARCHITECTURES[arch]
+    family = FAMILIES[arch]
     config = {
-        "architectures": [hf_arch],
-        "model_type": model_type,
+        "architectures": [family.hf_architecture],
+        "model_type": family.model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length", required=True),
@@ -219,7 +244,7 @@ def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
+        "hidden_act": family.hidden_act,
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
         "max_position_embeddings": key("context_length", 4096),
@@ -228,6 +253,8 @@ def _hf_config(path: str, arch: str, meta: _Metadata, tensors: dict) -> dict:
     }
     if (scaling := _rope_scaling(path, arch, meta, tensors, config)) is not None:
         config["rope_scaling"] = scaling
+    if family.config is not None:
+        config |= {k: v for k, v in family.config(arch, key, tensors, read).items() if v is not None}
 
     bos = meta.get("tokenizer.ggml.bos_token_id")
     # Chat models often end a turn with a token other than eos (Llama 3's <|eot_id|>, <|eom_id|>).

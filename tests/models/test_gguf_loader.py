@@ -399,8 +399,8 @@ def test_qwen3_head_dim_from_key_length_and_qk_norm(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     dims = dict(hidden=32, heads=4, kv_heads=2, ffn=48, layers=1)
-    path = _write(tmp_path / "phi.gguf", "phi3", _to_gguf(_hf_tensors(head_dim=8, **dims), None), **dims)
-    with pytest.raises(ValueError, match=r"'phi3'.*supported: llama, qwen2, qwen3"):
+    path = _write(tmp_path / "falcon.gguf", "falcon", _to_gguf(_hf_tensors(head_dim=8, **dims), None), **dims)
+    with pytest.raises(ValueError, match=r"'falcon'.*supported: llama, qwen2, qwen3, qwen2moe"):
         load_gguf(path)
 
 
