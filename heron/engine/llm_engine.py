@@ -295,6 +295,7 @@ class LLMEngine:
         s.num_running = len(self.scheduler.running)
         s.num_waiting = self.scheduler.num_waiting
         s.kv_cache_usage = self.block_manager.usage
+        s.num_gpu_blocks = self.block_manager.num_blocks
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits
         return s

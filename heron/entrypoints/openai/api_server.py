@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -276,7 +276,12 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
         args=args,
         served_model_names=names,
         metrics=ServerMetrics(
-            names[0], lambda: state.engine.get_stats() if state.engine else None, lambda: admission.waiting
+            names[0],
+            lambda: state.engine.get_stats() if state.engine else None,
+            lambda: admission.waiting,
+            max_model_len=config.model.max_model_len or 1 << 17,
+            cache_info={k: str(v) for k, v in asdict(config.cache).items()},
+            compat=args.metrics_compat,
         ),
         admission=admission,
     )

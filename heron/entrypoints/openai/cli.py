@@ -7,6 +7,7 @@ import os
 
 from heron.entrypoints.engine_args import add_engine_args
 from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
+from heron.metrics import COMPAT_PREFIXES
 
 
 def register(subparsers) -> None:
@@ -92,6 +93,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="uvicorn's log level",
+    )
+    g.add_argument(
+        "--metrics-compat",
+        choices=sorted(COMPAT_PREFIXES),
+        default=None,
+        help="/metrics also exports every heron: metric under this server's names (vllm: vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc, ... for dashboards and gateways made for vLLM)",
     )
     g.add_argument(
         "--enable-log-requests",
