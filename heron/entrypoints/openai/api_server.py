@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -205,6 +206,24 @@ async def swagger_ui() -> HTMLResponse:
         swagger_js_url="/swagger-ui/swagger-ui-bundle.js",
         swagger_css_url="/swagger-ui/swagger-ui.css",
         swagger_favicon_url="/swagger-ui/favicon-32x32.png",
+    )
+
+
+PLAYGROUND = Path(__file__).with_name("static") / "playground.html"
+
+
+@router.get("/playground", include_in_schema=False)
+async def playground() -> HTMLResponse:
+    """A chat page over /v1/chat/completions (one static file, no CDN: it works offline)."""
+    return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> HTMLResponse:
+    return HTMLResponse(
+        f"<!doctype html><meta charset=utf-8><title>Heron {__version__}</title>"
+        f"<h1>Heron {__version__}</h1><ul><li><a href=/playground>Playground</a> (chat with the served models)"
+        "<li><a href=/docs>API docs</a><li><a href=/metrics>Metrics</a></ul>"
     )
 
 
