@@ -45,6 +45,9 @@ for s in $SECTIONS; do case $s in
     run moe-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py
     run moe-bench python3 -m heron.bench.kernels --moe
     run moe-correctness python3 benchmarks/gpu_correctness.py /tmp/shapes qwen3-30b-a3b ;;
+  sliding)  # issue 22: Mistral's out-of-window KV blocks released (block_manager.py) under the Triton kernels:
+    # transformers parity past the window, and two ~90-token sequences in an 8-block pool
+    run sliding python3 -m pytest -q -p no:cacheprovider tests/models/test_parity.py -k "window or pool" ;;
   moe-sweep) run moe-sweep python3 -m heron.bench.kernels --moe --sweep ;;  # configs for fused_moe.CONFIGS
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;

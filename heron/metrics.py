@@ -1,60 +1,75 @@
 """Prometheus metrics and the periodic log line of a serving engine.
 
-Gauges and counters are read from `EngineStats` when scraped, so the engine thread keeps plain integers
-and never touches prometheus-client; the latency histograms are observed by the server as outputs
-arrive. Each server has its own registry, so several can live in one process (the tests do)."""
+The names and meanings are vLLM's (`vllm/v1/metrics/loggers.py`) under `heron:`; `--metrics-compat vllm` also
+exports every `heron:` family under its `vllm:` name, for dashboards and gateways (llm-d's inference
+extension) that scrape those. Gauges and counters are read from `EngineStats` when scraped, so the engine
+thread keeps plain integers and never touches prometheus-client; the per-request histograms are observed by
+the server as outputs arrive. Each server has its own registry, so several can live in one process (the
+tests do); the process collectors describe the API process."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from heron.outputs import RequestMetrics
+from heron.sampling_params import SamplingParams
 from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-_LATENCY_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-)
+# vLLM's buckets, so that quantiles computed from either server compare.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+_TTFT_BUCKETS += (40.0, 80.0, 160.0, 640.0, 2560.0)
+_TOKEN_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+_TOKEN_GAP_BUCKETS += (40.0, 80.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+_REQUEST_BUCKETS += (480.0, 960.0, 1920.0, 7680.0)
+_N_BUCKETS = (1, 2, 5, 10, 20)
 _FINISH_REASONS = ("stop", "length", "abort")
+COMPAT_PREFIXES = {"vllm": "vllm:"}
+
+
+def _one_two_five(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit`: vLLM's buckets for token counts."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
 
 
 class _EngineCollector(Collector):
     def __init__(
-        self, model_name: str, stats: Callable[[], EngineStats | None], admitted_waiting: Callable[[], int]
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStats | None],
+        admitted_waiting: Callable[[], int],
+        cache_info: dict[str, str],
     ) -> None:
         self.model_name = model_name
         self.stats = stats
         self.admitted_waiting = admitted_waiting
+        self.cache_info = cache_info
 
-    def collect(self) -> Iterator:
-        s = self.stats() or EngineStats()  # zeros while the model loads
+    def collect(self) -> Iterator[Metric]:
+        loaded = self.stats()
+        s = loaded or EngineStats()  # zeros while the model loads
         label = [self.model_name]
 
         def family(cls, name: str, doc: str, value: float):
@@ -100,23 +115,99 @@ class _EngineCollector(Collector):
         for reason in sorted(set(_FINISH_REASONS) | set(finished)):
             success.add_metric([self.model_name, reason], finished.get(reason, 0))
         yield success
+        if loaded is not None:  # the number of blocks is known once the model is loaded
+            info = {"model_name": self.model_name, **self.cache_info, "num_gpu_blocks": str(s.num_gpu_blocks)}
+            config = GaugeMetricFamily(
+                "heron:cache_config_info", "The KV cache's configuration, in labels (value 1).", labels=list(info)
+            )
+            config.add_metric(list(info.values()), 1)
+            yield config
+
+
+class _Renamed(Collector):
+    """Every `heron:` family of `source` once more under `prefix` (samples and all); the rest only once."""
+
+    def __init__(self, source: CollectorRegistry, prefix: str | None) -> None:
+        self.source = source
+        self.prefix = prefix
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.source.collect():
+            yield family
+            if self.prefix is None or not family.name.startswith("heron:"):
+                continue
+            copy = Metric(self.prefix + family.name.removeprefix("heron:"), family.documentation, family.type)
+            copy.samples = [s._replace(name=self.prefix + s.name.removeprefix("heron:")) for s in family.samples]
+            yield copy
 
 
 class ServerMetrics:
     def __init__(
-        self, model_name: str, stats: Callable[[], EngineStats | None], admitted_waiting: Callable[[], int]
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStats | None],
+        admitted_waiting: Callable[[], int],
+        *,
+        max_model_len: int = 1 << 20,
+        cache_info: dict[str, str] | None = None,
+        compat: str | None = None,
     ) -> None:
+        disable_created_metrics()  # as vLLM: no `_created` series beside every histogram (process-wide)
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(model_name, stats, admitted_waiting))
+        self.registry.register(_EngineCollector(model_name, stats, admitted_waiting, cache_info or {}))
+        for process_collector in (ProcessCollector, PlatformCollector, GCCollector):
+            process_collector(registry=self.registry)
+        self.exposition = CollectorRegistry(auto_describe=False)
+        self.exposition.register(_Renamed(self.registry, COMPAT_PREFIXES[compat] if compat else None))
 
-        def histogram(name: str, doc: str) -> Histogram:
-            h = Histogram(name, doc, ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            h = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
             return h.labels(model_name)
 
-        self.ttft = histogram("heron:time_to_first_token_seconds", "From arrival to the first token.")
-        self.itl = histogram("heron:inter_token_latency_seconds", "Between two tokens of a sequence.")
-        self.e2e = histogram("heron:e2e_request_latency_seconds", "From arrival to the last token.")
-        self.queue = histogram("heron:request_queue_time_seconds", "From arrival to the first scheduling.")
+        tokens = _one_two_five(max_model_len)
+        self.ttft = histogram("heron:time_to_first_token_seconds", "From arrival to the first token.", _TTFT_BUCKETS)
+        self.itl = histogram(
+            "heron:inter_token_latency_seconds", "Between two tokens of a sequence.", _TOKEN_GAP_BUCKETS
+        )
+        self.tpot = histogram(
+            "heron:request_time_per_output_token_seconds",
+            "A request's decode time over its output tokens after the first.",
+            _TOKEN_GAP_BUCKETS,
+        )
+        self.e2e = histogram("heron:e2e_request_latency_seconds", "From arrival to the last token.", _REQUEST_BUCKETS)
+        self.queue = histogram(
+            "heron:request_queue_time_seconds", "From arrival to the first scheduling (WAITING).", _REQUEST_BUCKETS
+        )
+        self.inference = histogram(
+            "heron:request_inference_time_seconds",
+            "From the first scheduling to the last token (RUNNING).",
+            _REQUEST_BUCKETS,
+        )
+        self.prefill = histogram(
+            "heron:request_prefill_time_seconds", "From the first scheduling to the first token.", _REQUEST_BUCKETS
+        )
+        self.decode = histogram(
+            "heron:request_decode_time_seconds", "From the first token to the last.", _REQUEST_BUCKETS
+        )
+        self.prompt_tokens = histogram("heron:request_prompt_tokens", "Prompt tokens of a request.", tokens)
+        self.generation_tokens = histogram(
+            "heron:request_generation_tokens", "Tokens generated for a sequence.", tokens
+        )
+        self.max_generation_tokens = histogram(
+            "heron:request_max_num_generation_tokens",
+            "The most tokens any sequence of a request generated (n > 1: the longest sample).",
+            tokens,
+        )
+        self.params_n = histogram("heron:request_params_n", "The n request parameter.", _N_BUCKETS)
+        self.params_max_tokens = histogram(
+            "heron:request_params_max_tokens", "The max_tokens request parameter.", tokens
+        )
+
+    def observe_params(self, params: SamplingParams) -> None:
+        """A prompt entered the engine with these parameters."""
+        self.params_n.observe(params.n)
+        if params.max_tokens is not None:
+            self.params_max_tokens.observe(params.max_tokens)
 
     def observe_tokens(self, num_tokens: int, seconds: float) -> None:
         """`num_tokens` more tokens came `seconds` after the previous ones. Outputs are cumulative and a slow
@@ -124,15 +215,29 @@ class ServerMetrics:
         for _ in range(num_tokens):
             self.itl.observe(seconds / num_tokens)
 
-    def observe_finished(self, m: RequestMetrics) -> None:
-        if m.first_token_time is not None:
-            self.ttft.observe(m.first_token_time - m.arrival_time)
+    def observe_finished(self, m: RequestMetrics, num_prompt_tokens: int, generated: list[int]) -> None:
+        """A request finished: `generated` holds each of its sequences' token counts."""
+        end = m.finished_time or time.time()
+        self.e2e.observe(end - m.arrival_time)
+        self.prompt_tokens.observe(num_prompt_tokens)
+        for n in generated:
+            self.generation_tokens.observe(n)
+        self.max_generation_tokens.observe(max(generated, default=0))
+        last = m.last_token_time or end
         if m.first_scheduled_time is not None:
             self.queue.observe(m.first_scheduled_time - m.arrival_time)
-        self.e2e.observe((m.finished_time or time.time()) - m.arrival_time)
+            self.inference.observe(last - m.first_scheduled_time)
+        if m.first_token_time is None:
+            return
+        self.ttft.observe(m.first_token_time - m.arrival_time)
+        self.decode.observe(last - m.first_token_time)
+        if m.first_scheduled_time is not None:
+            self.prefill.observe(m.first_token_time - m.first_scheduled_time)
+        if generated and generated[0] > 1:
+            self.tpot.observe((last - m.first_token_time) / (generated[0] - 1))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exposition)
 
 
 class StatLogger:

@@ -13,6 +13,7 @@ class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
+    num_gpu_blocks: int = 0  # the KV cache's size, for cache_config_info
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0

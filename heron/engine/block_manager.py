@@ -6,6 +6,13 @@ shared block that is only partly filled is copied before it is written (copy-on-
 caching, a full block is named by the chained hash of its tokens; when its last user lets go it stays in
 the free list, still findable, until it is evicted (least recently used first). Host blocks for swapping
 are swap_space.py's.
+
+When every layer of the model attends to a sliding window of W keys (Mistral), a block whose keys are all
+older than the window of the next query is never read again: `allocate` lets go of it, so a long generation
+holds about W / block_size + 2 blocks. The table keeps its (stale) id, so positions still index it and the
+runner's copy of the table stays valid: the Triton kernels start at the window and never load it, the torch
+reference loads it and masks it out. The first `num_dropped_blocks` entries of a table are such ids. With
+any full-attention layer (Gemma 2/3's global layers) every block stays: those layers read them all.
 """
 
 from __future__ import annotations
@@ -16,10 +23,13 @@ from heron.engine.request import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, sliding_window: int | None = None
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window  # the window of every layer; None: some layer sees all keys
         self.ref_count = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.hash_to_block: dict[bytes, int] = {}
@@ -64,11 +74,13 @@ class BlockManager:
         """Make room for `num_new_tokens` more tokens of `seq`, first adopting `cached` prefix blocks
         (only for a sequence that holds none). Returns the block copies (src, dst) needed before the
         write — copy-on-write of a shared, partly filled last block — or None when there is no room,
-        in which case nothing changed.
+        in which case nothing changed but the release of blocks out of every layer's window.
 
         A block table only ever grows in place; any other change gives the sequence a new list, so the
         model runner can copy just the new entries of a table it has seen before."""
         bs, table = self.block_size, seq.block_table
+        if self.sliding_window is not None:
+            self._drop_out_of_window(seq)
         if not cached and seq.num_computed_tokens + num_new_tokens <= len(table) * bs:  # no new block (decode)
             at = seq.num_computed_tokens
             if at % bs == 0 or self.ref_count[table[at // bs]] <= 1:
@@ -117,31 +129,48 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares all of `parent`'s blocks."""
         child.block_table = list(parent.block_table)
-        for b in child.block_table:
+        child.num_dropped_blocks = parent.num_dropped_blocks
+        for b in child.block_table[child.num_dropped_blocks :]:
             self.ref_count[b] += 1
 
     def free_seq(self, seq: Sequence) -> None:
         """Let go of the sequence's blocks; its tokens are to be computed again."""
         self.release_blocks(seq)
+        seq.block_table, seq.num_dropped_blocks = [], 0
         seq.num_computed_tokens = 0
 
     def release_blocks(self, seq: Sequence) -> None:
-        """Let go of the sequence's blocks but not of its computed count (swapping out keeps its K/V)."""
+        """Let go of the sequence's blocks but not of its computed count (swapping out keeps its K/V); the
+        ids of blocks already out of the window stay in its table."""
         # Tail blocks go first into the free list, so they are evicted before the prefix they extend.
-        for b in reversed(seq.block_table):
+        for b in reversed(seq.block_table[seq.num_dropped_blocks :]):
             self._unref(b)
-        seq.block_table = []
+        seq.block_table = seq.block_table[: seq.num_dropped_blocks]
 
     def assign_blocks(self, seq: Sequence, count: int) -> list[int]:
-        """Give `seq`, which holds no blocks, `count` fresh ones (the caller has checked there is room)."""
-        seq.block_table = [self._pop_free() for _ in range(count)]
-        return seq.block_table
+        """Give `seq`, which holds no live blocks, `count` fresh ones after those out of the window (the caller
+        has checked there is room); returns them."""
+        fresh = [self._pop_free() for _ in range(count)]
+        seq.block_table = [*seq.block_table, *fresh]
+        return fresh
+
+    def blocks_held(self, seq: Sequence) -> int:
+        """The blocks `seq` references (its table less the entries out of the window)."""
+        return len(seq.block_table) - seq.num_dropped_blocks
 
     def count_query(self, num_tokens: int) -> None:
         if self.enable_prefix_caching:
             self.prefix_queries += num_tokens
 
     # -- internals ---------------------------------------------------------------------------------
+
+    def _drop_out_of_window(self, seq: Sequence) -> None:
+        """Let go of the blocks whose keys all precede the window of the next query (at position
+        num_computed_tokens or later: queries only move on); at most one block per step in decode."""
+        out_of_window = (seq.num_computed_tokens - self.sliding_window) // self.block_size
+        while seq.num_dropped_blocks < min(out_of_window, len(seq.block_table)):
+            self._unref(seq.block_table[seq.num_dropped_blocks])
+            seq.num_dropped_blocks += 1
 
     def _pop_free(self) -> int:
         block, _ = self.free.popitem(last=False)

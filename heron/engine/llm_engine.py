@@ -57,6 +57,9 @@ class LLMEngine:
         sched.max_model_len = self.max_model_len
         if sched.max_num_batched_tokens is None:
             sched.max_num_batched_tokens = max(8192 if self.device.type == "cuda" else 2048, sched.max_num_seqs)
+        # Every layer sliding (Mistral): a sequence holds only its window's blocks (see BlockManager).
+        all_sliding = set(self.model_cfg.layer_types) == {"sliding_attention"}
+        self.kv_window = self.model_cfg.sliding_window if all_sliding else None
         self.eos_token_ids = _eos_ids(source.generation_config, self.model_cfg, self.tokenizer)
         self.generation_defaults = {
             k: source.generation_config[k]
@@ -70,7 +73,7 @@ class LLMEngine:
         start = functools.partial(self._start_runner, source)
         num_blocks, num_cpu_blocks = start() if self.tp_workers is None else self.tp_workers.run(start)
         bs = config.cache.block_size
-        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, self.kv_window)
         self.scheduler = Scheduler(sched, self.block_manager, num_cpu_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
@@ -93,10 +96,13 @@ class LLMEngine:
         if self.tp_workers is not None:
             num_blocks = self.tp_workers.fewest_blocks(num_blocks, self.device)
         bs = self.config.cache.block_size
-        if num_blocks * bs < self.max_model_len:
+        longest = self.max_model_len  # what one sequence may hold at once: all its tokens, or with every layer
+        if self.kv_window is not None:  # sliding, its window and the chunk it computes
+            longest = min(longest, self.kv_window + self.config.scheduler.max_num_batched_tokens + 2 * bs)
+        if num_blocks * bs < longest:
             raise ValueError(
-                f"The KV cache holds {num_blocks * bs} tokens, fewer than max_model_len "
-                f"({self.max_model_len}): lower max_model_len or give the cache more memory."
+                f"The KV cache holds {num_blocks * bs} tokens, fewer than one sequence may need ({longest}, "
+                f"max_model_len {self.max_model_len}): lower max_model_len or give the cache more memory."
             )
         num_cpu_blocks = int(self.config.cache.swap_space * 2**30 // self.runner.bytes_per_block)
         if self.tp_workers is not None:
@@ -295,6 +301,7 @@ class LLMEngine:
         s.num_running = len(self.scheduler.running)
         s.num_waiting = self.scheduler.num_waiting
         s.kv_cache_usage = self.block_manager.usage
+        s.num_gpu_blocks = self.block_manager.num_blocks
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits
         return s

@@ -46,6 +46,7 @@ class Sequence:
         self.num_samples = 1  # tokens its next draw yields: n for a request's first sequence until it forks
         self.sampling = SamplingSpec.of(request.params, request.seed, index, request.num_prompt_tokens)
         self.block_table: list[int] = []  # appended to in place, replaced on any other change
+        self.num_dropped_blocks = 0  # leading entries of block_table out of every layer's window, released
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
         self.status = SequenceStatus.WAITING
         self.cumulative_logprob = 0.0

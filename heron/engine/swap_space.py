@@ -28,9 +28,9 @@ class SwapSpace:
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None:
         """Move `seq`'s blocks to host blocks and queue it; returns the (device, host) copies to make, or
         None (nothing changed) when the host has no room for them."""
-        if not self.free or len(seq.block_table) > len(self.free):
+        if not self.free or self.bm.blocks_held(seq) > len(self.free):
             return None
-        copies = [(b, self.free.pop()) for b in seq.block_table]
+        copies = [(b, self.free.pop()) for b in seq.block_table[seq.num_dropped_blocks :]]
         self._host_blocks[seq] = [c for _, c in copies]
         self.bm.release_blocks(seq)
         seq.status = SequenceStatus.SWAPPED
@@ -45,7 +45,8 @@ class SwapSpace:
         """Bring back the `first` sequence into fresh device blocks, if there is room for them and for the
         `num_new_tokens` it computes next; returns the (host, device) copies to make, or None (nothing
         changed)."""
-        if self.bm.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.bm.num_free_blocks:
+        needed = self.bm.blocks_needed(seq.num_computed_tokens + num_new_tokens) - seq.num_dropped_blocks
+        if needed > self.bm.num_free_blocks:
             return None
         self.queue.pop(0)
         host = self._host_blocks.pop(seq)

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from heron.entrypoints.config_sources import ConfigSourcesParser
 from heron.version import __version__
 
 
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="heron", description="Heron: LLM inference engine and server")
     parser.add_argument("--version", action="version", version=f"heron {__version__}")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", parser_class=ConfigSourcesParser)
     serve_cli.register(sub)
     _register_generate(sub)
     bench_cli.register(sub)

@@ -128,3 +128,43 @@ def test_prefix_caching_off_caches_nothing():
     a = make_seq([1, 2, 3, 4])
     compute(bm, a, 4)
     assert bm.hash_to_block == {} and bm.find_cached(make_seq([1, 2, 3, 4, 5], "b")) == []
+
+
+def test_blocks_out_of_every_layers_window_are_released():
+    """All-sliding (Mistral): a long generation holds about window / block_size + 2 blocks, the table keeps
+    indexing positions, and everything comes back at the end; forks and swaps keep the count right."""
+    from heron.engine.swap_space import SwapSpace
+
+    window, bs = 8, 4
+    bm = BlockManager(num_blocks=16, block_size=bs, sliding_window=window)
+    seq = make_seq(list(range(10)))
+    compute(bm, seq, 10)  # the prompt
+    held = []
+    for _ in range(200):  # decode: one token per step
+        seq.token_ids.append(0)
+        compute(bm, seq, 1)
+        held.append(bm.blocks_held(seq))
+        assert bm.num_blocks - bm.num_free_blocks == held[-1]
+    assert max(held) <= window // bs + 2 and len(seq.block_table) == bm.blocks_needed(seq.num_computed_tokens)
+    child = make_seq(list(seq.token_ids), "child")
+    bm.fork(seq, child)
+    assert bm.blocks_held(child) == bm.blocks_held(seq) and bm.num_blocks - bm.num_free_blocks == held[-1]
+    bm.free_seq(child)
+    swap = SwapSpace(bm, num_cpu_blocks=8)
+    out = swap.swap_out(seq)
+    assert len(out) == held[-1] and no_leaks(bm)
+    back = swap.swap_in(seq, 1)
+    assert [d for _, d in back] == seq.block_table[seq.num_dropped_blocks :] and len(back) == held[-1]
+    assert len(seq.block_table) == bm.blocks_needed(seq.num_computed_tokens)
+    bm.free_seq(seq)
+    assert no_leaks(bm) and seq.block_table == [] and seq.num_dropped_blocks == 0
+
+
+def test_a_layer_that_sees_everything_keeps_every_block():
+    bm = BlockManager(num_blocks=64, block_size=4)  # no window: Llama, or Gemma's global layers
+    seq = make_seq(list(range(10)))
+    compute(bm, seq, 10)
+    for _ in range(100):
+        seq.token_ids.append(0)
+        compute(bm, seq, 1)
+    assert bm.blocks_held(seq) == len(seq.block_table) == bm.blocks_needed(110)

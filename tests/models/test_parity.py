@@ -128,6 +128,26 @@ def test_past_the_sliding_window_in_chunks_that_cross_its_edge(arch, hf_tiny):
         assert_logits_close(ours[0], want)
 
 
+def test_mistral_runs_in_a_pool_smaller_than_its_sequences(hf_tiny):
+    """Blocks out of every layer's window are released as the sequence moves on (block_manager.py): a pool of
+    8 blocks of 4 tokens serves two sequences of ~90 tokens each, as transformers computes them."""
+    model, tok, path = hf_tiny("mistral")
+    llm = LLM(
+        path,
+        block_size=4,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        kv_cache_memory=8 * llm_bytes_per_block(path, block_size=4),
+    )
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    both = [LONG_PROMPT, " ".join(PROMPTS * 2)]
+    out = llm.generate(both, params, use_tqdm=False)
+    assert llm.engine.block_manager.num_blocks == 8
+    assert [o.outputs[0].token_ids for o in out] == hf_greedy(model, tok, both, 40)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not any(bm.ref_count)
+
+
 def test_chunked_prefill_gives_the_same_tokens(hf_tiny):
     model, tok, path = hf_tiny("llama")
     llm = LLM(path, kv_cache_memory=32 << 20, max_num_batched_tokens=8, max_num_seqs=4)

@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -208,6 +209,24 @@ async def swagger_ui() -> HTMLResponse:
     )
 
 
+PLAYGROUND = Path(__file__).with_name("static") / "playground.html"
+
+
+@router.get("/playground", include_in_schema=False)
+async def playground() -> HTMLResponse:
+    """A chat page over /v1/chat/completions (one static file, no CDN: it works offline)."""
+    return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> HTMLResponse:
+    return HTMLResponse(
+        f"<!doctype html><meta charset=utf-8><title>Heron {__version__}</title>"
+        f"<h1>Heron {__version__}</h1><ul><li><a href=/playground>Playground</a> (chat with the served models)"
+        "<li><a href=/docs>API docs</a><li><a href=/metrics>Metrics</a></ul>"
+    )
+
+
 def _validation_param(loc: tuple) -> str | None:
     """pydantic's error location as OpenAI writes `param` (`messages.[0].role`): field names and list
     indices, up to the first union-member tag pydantic inserts (`str`, `list[int]`) or dict key."""
@@ -276,7 +295,12 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
         args=args,
         served_model_names=names,
         metrics=ServerMetrics(
-            names[0], lambda: state.engine.get_stats() if state.engine else None, lambda: admission.waiting
+            names[0],
+            lambda: state.engine.get_stats() if state.engine else None,
+            lambda: admission.waiting,
+            max_model_len=config.model.max_model_len or 1 << 17,
+            cache_info={k: str(v) for k, v in asdict(config.cache).items()},
+            compat=args.metrics_compat,
         ),
         admission=admission,
     )

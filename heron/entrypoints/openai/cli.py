@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from heron.entrypoints.engine_args import add_engine_args
 from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
+from heron.metrics import COMPAT_PREFIXES
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = subparsers.add_parser(  # a ConfigSourcesParser (heron/entrypoints/cli.py): flags also from env and --config
         "serve",
+        env_prefix="HERON_",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
         "/v1/models), with /health, /metrics, /tokenize, /detokenize, /version and Swagger UI "
@@ -31,19 +32,15 @@ def register(subparsers) -> None:
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument(
-        "--host", default=os.environ.get("HERON_HOST", "127.0.0.1"), help="address to listen on (env HERON_HOST)"
-    )
-    g.add_argument(
-        "--port", type=int, default=int(os.environ.get("HERON_PORT", "8000")), help="port to listen on (env HERON_PORT)"
-    )
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on")
     g.add_argument(
         "--api-key",
         nargs="+",
         action="extend",
         default=None,
         help="require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize; several keys "
-        "may be given (env HERON_API_KEY, comma-separated)",
+        "may be given, and the keys of HERON_API_KEY (comma-separated) and --config are accepted too",
     )
     g.add_argument(
         "--served-model-name",
@@ -92,6 +89,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="uvicorn's log level",
+    )
+    g.add_argument(
+        "--metrics-compat",
+        choices=sorted(COMPAT_PREFIXES),
+        default=None,
+        help="/metrics also exports every heron: metric under this server's names (vllm: vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc, ... for dashboards and gateways made for vLLM)",
     )
     g.add_argument(
         "--enable-log-requests",

@@ -41,6 +41,4 @@ def engine_cpu_threads(args: argparse.Namespace, config: EngineConfig) -> int | 
 
 
 def api_keys(args: argparse.Namespace) -> list[str]:
-    keys = list(args.api_key or [])
-    keys += [k for k in os.environ.get("HERON_API_KEY", "").split(",") if k]
-    return keys
+    return list(args.api_key or [])

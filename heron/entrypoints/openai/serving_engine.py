@@ -248,6 +248,8 @@ class OpenAIServing:
         except Overloaded as e:
             raise api_error(e) from None
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        for _ in prompts:
+            self.metrics.observe_params(params)
         if self.log_requests:
             for rid, p in zip(ids, prompts):
                 logger.info("Received request %s: prompt: %r, params: %s", rid, p, params)
@@ -297,6 +299,8 @@ class OpenAIServing:
         """An accepted request's outputs plus the server's bookkeeping: its place in the waiting queue and its
         turn are given back at the first output, latencies observed, requests logged."""
         sent, sent_at = 0, 0.0  # the first sample's tokens so far, and when the last came
+        generated: dict[int, int] = {}  # sample index -> tokens so far
+        prompt_len = 0  # the prompt's ids come with the first output only
         waiting = True
         try:
             async for out in stream:
@@ -305,12 +309,15 @@ class OpenAIServing:
                     ticket.release()
                     turns.release()
                 m = out.metrics
+                prompt_len = prompt_len or len(out.prompt_token_ids)
+                for c in out.outputs:
+                    generated[c.index] = generated.get(c.index, 0) + len(c.token_ids)
                 new = next((len(c.token_ids) for c in out.outputs if c.index == 0), 0)
                 if sent and new and m.last_token_time is not None:
                     self.metrics.observe_tokens(new, m.last_token_time - sent_at)
                 sent, sent_at = sent + new, m.last_token_time or 0.0
                 if out.finished:
-                    self.metrics.observe_finished(m)
+                    self.metrics.observe_finished(m, prompt_len, [generated[i] for i in sorted(generated)])
                     if self.log_requests:
                         logger.info(
                             "Finished request %s: %s", request_id, [(c.text, c.finish_reason) for c in out.outputs]

@@ -11,7 +11,16 @@ from tests.entrypoints.openai.remote_server import ALIAS, API_KEY, ENV_API_KEY, 
 
 @pytest.fixture(scope="session")
 def server():
-    srv = RemoteServer("--api-key", API_KEY, "--served-model-name", MODEL, ALIAS, env={"HERON_API_KEY": ENV_API_KEY})
+    srv = RemoteServer(
+        "--api-key",
+        API_KEY,
+        "--served-model-name",
+        MODEL,
+        ALIAS,
+        "--metrics-compat",
+        "vllm",
+        env={"HERON_API_KEY": ENV_API_KEY},
+    )
     yield srv
     srv.stop()
 

@@ -63,7 +63,7 @@ def test_environment_defaults(monkeypatch):
     monkeypatch.setenv("HERON_API_KEY", "k3,k4")
     args = build_parser().parse_args(["serve", "--api-key", "k1", "k2"])
     assert (args.host, args.port) == ("0.0.0.0", 9001)
-    assert api_keys(args) == ["k1", "k2", "k3", "k4"]
+    assert api_keys(args) == ["k3", "k4", "k1", "k2"]
 
 
 def test_flags_reach_the_engine_config(tmp_path):

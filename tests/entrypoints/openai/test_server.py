@@ -154,23 +154,41 @@ def test_tokenize_detokenize_version(server):
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", httpx.get(f"{server.url}/version").json()["version"])
 
 
+# vLLM's metrics (vllm/v1/metrics/loggers.py) that Heron exports under heron: (and, with --metrics-compat vllm,
+# under vllm:); heron:api_requests_waiting is Heron's own.
 EXPECTED_METRICS = {
-    "gauge": ["heron:num_requests_running", "heron:num_requests_waiting", "heron:kv_cache_usage_perc"],
+    "gauge": [
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "cache_config_info",
+        "api_requests_waiting",
+    ],
     "counter": [
-        "heron:prompt_tokens",
-        "heron:generation_tokens",
-        "heron:request_success",
-        "heron:num_preemptions",
-        "heron:prefix_cache_queries",
-        "heron:prefix_cache_hits",
+        "prompt_tokens",
+        "generation_tokens",
+        "request_success",
+        "num_preemptions",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
     ],
     "histogram": [
-        "heron:time_to_first_token_seconds",
-        "heron:inter_token_latency_seconds",
-        "heron:e2e_request_latency_seconds",
-        "heron:request_queue_time_seconds",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "request_time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_inference_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "request_max_num_generation_tokens",
+        "request_params_n",
+        "request_params_max_tokens",
     ],
 }
+PROCESS_METRICS = ["process_cpu_seconds", "process_resident_memory_bytes", "python_gc_collections", "python_info"]
 
 
 def test_metrics(server, client):
@@ -180,15 +198,25 @@ def test_metrics(server, client):
     r = httpx.get(f"{server.url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    heron = {n for n in families if n.startswith("heron:")}
+    assert heron == {f"heron:{n}" for names in EXPECTED_METRICS.values() for n in names}
     for kind, names in EXPECTED_METRICS.items():
         for name in names:
-            assert families[name].type == kind, name
-            assert all(s.labels["model_name"] == MODEL for s in families[name].samples)
+            ours, theirs = families[f"heron:{name}"], families[f"vllm:{name}"]  # --metrics-compat vllm
+            assert ours.type == theirs.type == kind, name
+            assert all(s.labels["model_name"] == MODEL for s in ours.samples)
+            assert [(s.labels, s.value) for s in ours.samples] == [(s.labels, s.value) for s in theirs.samples]
+    assert all(name in families for name in PROCESS_METRICS)
     m = server.metrics()
     assert m["heron:prompt_tokens_total"] > 0 and m["heron:generation_tokens_total"] >= 3
     assert m["heron:request_success_total{finished_reason=length}"] >= 1
     assert m["heron:e2e_request_latency_seconds_count"] >= 1 and m["heron:inter_token_latency_seconds_count"] >= 2
     assert m["heron:prefix_cache_queries_total"] >= m["heron:prefix_cache_hits_total"]
+    for phase in ("queue", "inference", "prefill", "decode"):
+        assert m[f"heron:request_{phase}_time_seconds_count"] == m["heron:e2e_request_latency_seconds_count"]
+    assert m["heron:request_generation_tokens_sum"] >= 3 and m["heron:request_params_max_tokens_count"] >= 1
+    (info,) = families["heron:cache_config_info"].samples
+    assert info.value == 1 and int(info.labels["num_gpu_blocks"]) > 0 and info.labels["block_size"] == "16"
 
 
 def test_docs_are_served_offline(server):
