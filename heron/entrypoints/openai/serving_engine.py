@@ -31,6 +31,7 @@ from heron.entrypoints.openai.admission import Admission, Overloaded, Ticket
 from heron.entrypoints.openai.errors import ApiError, api_error, sse
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
+from heron.entrypoints.openai.serving_tools import template_tool_calls
 from heron.metrics import ServerMetrics
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
 from heron.sampling_params import RequestOutputKind, SamplingParams
@@ -365,8 +366,11 @@ class OpenAIServing:
             yield api_error(e).event()
         yield sse("[DONE]")
 
-    def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
-        """The conversation as one prompt string, through the model's chat template (or --chat-template)."""
+    def render(
+        self, messages: list[ChatMessageParam], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The conversation as one prompt string, through the model's chat template (or --chat-template), with
+        the request's tools (as OpenAI writes them) where it has some."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(
                 400, "This model has no chat template; start the server with --chat-template.", param="messages"
@@ -389,10 +393,14 @@ class OpenAIServing:
             msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls:
+                msg["tool_calls"] = template_tool_calls(m.tool_calls)
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             conversation.append(msg)
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
             raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None

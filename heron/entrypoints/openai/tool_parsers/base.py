@@ -160,6 +160,10 @@ class StreamingExtractor:
         self.content_sent = 0
         self.sent: list[tuple[str, int]] = []  # per call sent: (id, length of its arguments sent)
 
+    @property
+    def calls_sent(self) -> int:
+        return len(self.sent)
+
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
         self.text += piece
         if not self.text and not final:
