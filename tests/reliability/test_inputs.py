@@ -50,6 +50,7 @@ CROSS_FIELD = re.compile(
             r"Two tools have the same name",
             r"The arguments of tool call",
             r"takes no other output constraint",
+            r"parameters are not a usable JSON schema",
         ]
     )
 )

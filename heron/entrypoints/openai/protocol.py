@@ -119,6 +119,30 @@ LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]*)$")]
 LogitBiasValue = Annotated[float, Field(ge=LOGIT_BIAS.low, le=LOGIT_BIAS.high)]
 
 
+class JsonSchemaFormat(RequestModel):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON under a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(RequestModel):
+    """vLLM's `structured_outputs` extra: exactly one constraint (heron.sampling_params.StructuredOutputsParams)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(RequestModel):
     """Fields that completions and chat share. Unset temperature / top_p / top_k / repetition_penalty fall
     back to the model's generation_config, then to `SamplingParams`' defaults."""
@@ -149,6 +173,14 @@ class SamplingRequest(RequestModel):
     priority: integer(INT64_MIN, INT64_MAX) = Field(
         0, description="Lower runs first under --scheduling-policy priority."
     )
+    # Structured outputs (at most one constraint): OpenAI's response_format, vLLM's structured_outputs and its
+    # older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
 
 
 # -- /v1/completions ---------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from heron.entrypoints.openai.errors import ApiError, api_error, sse
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
 from heron.entrypoints.openai.serving_tools import template_tool_calls
+from heron.entrypoints.openai.structured_outputs import structured_outputs_params
 from heron.metrics import ServerMetrics
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
 from heron.sampling_params import RequestOutputKind, SamplingParams
@@ -194,6 +195,7 @@ class OpenAIServing:
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
         defaults = self._generation_defaults
+        structured = structured_outputs_params(req)
 
         def pick(name: str, value):
             return value if value is not None else defaults.get(name, getattr(SamplingParams, name))
@@ -220,6 +222,7 @@ class OpenAIServing:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
+                structured_outputs=structured,
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]

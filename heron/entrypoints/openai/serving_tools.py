@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from heron.engine.structured_output import build_grammar
 from heron.entrypoints.openai.errors import ApiError
 from heron.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionToolParam
 from heron.entrypoints.openai.tool_parsers import TOOL_PARSERS, JsonArrayToolParser, ToolCallDelta
@@ -73,6 +74,14 @@ class ToolCalling:
             if self.named not in by_name:
                 raise ApiError(400, f"tool_choice names the tool {self.named!r}, not in tools.", param="tool_choice")
             self.structured_outputs = StructuredOutputsParams(json=_parameters(by_name[self.named]))
+
+        if self.structured_outputs is not None:
+            try:  # here, so that a tool's invalid parameters schema is a 400 and never reaches the engine
+                build_grammar(self.structured_outputs)
+            except ValueError as e:
+                raise ApiError(
+                    400, f"A tool's parameters are not a usable JSON schema: {str(e).split(': ', 1)[-1]}", param="tools"
+                ) from None
 
     @property
     def skip_special_tokens(self) -> bool:

@@ -81,3 +81,9 @@ def test_required_is_an_array_of_calls(parallel):
     else:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(calls, schema.json)
+
+
+def test_an_unusable_parameters_schema_is_refused():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": 1}}}}
+    e = refused(tools=[bad], tool_choice={"type": "function", "function": {"name": "f"}})
+    assert e.param == "tools" and "JSON schema" in e.message
