@@ -10,6 +10,7 @@ step's sample for that sequence, which the runner takes on the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from heron.outputs import Logprobs
@@ -68,6 +69,10 @@ class ScheduledBatch:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy-on-write
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    # Structured outputs (engine/structured_output.py), None when no sequence of the step has a grammar: waits
+    # for the token bitmask being filled on the host, one row per sampled row (num_samples of each sequence, in
+    # order), [rows, ceil(V / 32)] int32 (a torch tensor); the runner asks for it after launching the forward.
+    grammar_bitmask: Callable[[], object] | None = None
 
     def __len__(self) -> int:
         return len(self.seq_ids)

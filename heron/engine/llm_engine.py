@@ -8,14 +8,15 @@ import functools
 import logging
 import random
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from heron.config import EngineConfig, resolve_device
 from heron.distributed import get_tp_world_size
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
-from heron.engine.request import Request, Sequence
+from heron.engine.request import Request, Sequence, SequenceStatus
 from heron.engine.scheduler import Scheduler, SchedulerOutput
 from heron.executor.inflight import InflightStep
 from heron.executor.model_runner import ModelRunner
@@ -23,8 +24,11 @@ from heron.executor.tp_worker import TPWorkers
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
-from heron.sampling_params import RequestOutputKind, SamplingParams
+from heron.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from heron.stats import EngineStats
+
+if TYPE_CHECKING:
+    from heron.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class Launched(NamedTuple):
 
     scheduled: SchedulerOutput
     step: InflightStep
+    grammar: bool  # some row drew under a grammar: the next step's masks need its tokens on the host
 
 
 class LLMEngine:
@@ -78,6 +83,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
+        self._structured: StructuredOutputManager | None = None  # made with the first constrained request
+        self._compiling: dict[str, tuple[Request, Future]] = {}  # requests waiting for their grammar
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
         logger.info(
@@ -148,8 +155,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
-        if params.structured_outputs is not None:
-            raise ValueError("structured_outputs is not supported by this engine yet.")
+        grammar = self._compile(params.structured_outputs) if params.structured_outputs is not None else None
         if not isinstance(prompt, str):
             text, ids = None, list(prompt)
         elif prompt_token_ids is None:
@@ -181,9 +187,41 @@ class LLMEngine:
             request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority, seed=seed
         )
         self.requests[request_id] = req
-        self.scheduler.add(req.seqs[0])
+        if grammar is None:
+            self.scheduler.add(req.seqs[0])
+        else:
+            self._compiling[request_id] = (req, grammar)
         self.stats.prompt_tokens += len(ids)
         return req
+
+    def _compile(self, params: StructuredOutputsParams) -> Future:
+        """Start compiling a request's grammar (ValueError at once if it is invalid)."""
+        if self._structured is None:  # (xgrammar is imported, and the tokenizer read, only now)
+            from heron.engine.structured_output import StructuredOutputManager
+
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs need a tokenizer: this engine has none.")
+            vocab, seats = self.model_cfg.vocab_size, self.config.scheduler.max_num_seqs
+            self._structured = StructuredOutputManager(self.tokenizer, vocab, seats, self.device)
+        return self._structured.compile(params)
+
+    def _admit_compiled(self, touched: dict[str, Request]) -> None:
+        """Requests whose grammar is compiled join the scheduler, each sequence with its matcher; one whose
+        compile failed finishes ("abort", into `touched`; its constraint was validated when it was added, so
+        this is rare)."""
+        for request_id, (req, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            seq = req.seqs[0]
+            if future.exception() is None:
+                seq.grammar = self._structured.matcher(future.result(), self.eos_token_ids)
+                self.scheduler.add(seq)
+                continue
+            logger.error("request %s: its grammar did not compile: %s", request_id, future.exception())
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+            self._finish_request(req)
+            touched[request_id] = req
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its blocks are freed at once. Returns its final output, or None if unknown."""
@@ -191,6 +229,9 @@ class LLMEngine:
         if req is None:
             return None
         req.aborted = True
+        if self._compiling.pop(request_id, None) is not None:  # never scheduled: nothing to free
+            req.seqs[0].status = SequenceStatus.FINISHED
+            req.seqs[0].finish_reason = "abort"
         for seq in req.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
@@ -199,7 +240,7 @@ class LLMEngine:
         return self.output_processor.make_output(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None
+        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._compiling)
 
     # -- the step ------------------------------------------------------------------------------------------
 
@@ -222,10 +263,22 @@ class LLMEngine:
         it, the model runner takes its value on the device, and `_update` appends it. A sequence that turns
         out to have finished with step t - 1's token wastes its row in step t; one that reaches max_tokens
         or max_model_len is known in advance and not scheduled. A step whose tokens the next one needs on
-        the host (an n > 1 request forking, repetition penalties) is read back at once."""
+        the host (an n > 1 request forking, repetition penalties) is read back at once.
+
+        Structured outputs (structured_output.py): a step with rows under a grammar is read back before the
+        next one is scheduled, so that every matcher has its sequence's last token; the next step's masks
+        are then filled on the host while its forward pass runs on the device."""
+        touched: dict[str, Request] = {}
+        if self._compiling:
+            if self._inflight is None and not self.scheduler.has_unfinished():  # nothing else to do: wait
+                wait([f for _, f in self._compiling.values()], timeout=0.1, return_when=FIRST_COMPLETED)
+            self._admit_compiled(touched)
+        if self._inflight is not None and self._inflight.grammar:
+            self._read_back([self._inflight], touched)
+            self._inflight = None
         scheduled = self.scheduler.schedule()
         launched = self._execute(scheduled)
-        return self._update(launched)
+        return self._update(launched, touched)
 
     def _execute(self, scheduled: SchedulerOutput) -> Launched | None:
         """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
@@ -235,29 +288,37 @@ class LLMEngine:
         for seq in scheduled.seqs:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
+        grammars = [s.grammar for s, k in zip(scheduled.seqs, scheduled.batch.num_samples) for _ in range(k)]
+        grammar = any(g is not None for g in grammars)
+        if grammar:
+            scheduled.batch.grammar_bitmask = self._structured.fill_bitmask(grammars)
         execute = self.runner.execute
         step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
         self.scheduler.commit(scheduled)
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        return Launched(scheduled, step)
+        return Launched(scheduled, step, grammar)
 
-    def _update(self, launched: Launched | None) -> list[Request]:
+    def _update(self, launched: Launched | None, touched: dict[str, Request]) -> list[Request]:
         """Read back the step launched before `launched` (and `launched` itself when the next step needs its
         tokens on the host), hand their tokens to their sequences and retire what they finished. Returns
-        the requests that advanced."""
+        the requests that advanced (those in `touched`, read back earlier this iteration, too)."""
         done = [self._inflight] if self._inflight is not None else []
         self._inflight = launched
         if launched is not None and launched.step.read_back_now:
             done.append(launched)
             self._inflight = None
-        touched: dict[str, Request] = {}
+        self._read_back(done, touched)
+        return list(touched.values())
+
+    def _read_back(self, done: list[Launched], touched: dict[str, Request]) -> None:
+        """Process the launched steps `done`, in order; the requests they advanced go into `touched`."""
         ended: set[str] = set()  # requests a sequence of which finished: the only ones that can have finished
         for d in done:
             self._process(d, touched, ended)
-        for r in touched.values():
-            if r.request_id in ended and r.is_finished:
+        for request_id in ended:
+            r = touched[request_id]
+            if r.is_finished:
                 self._finish_request(r)
-        return list(touched.values())
 
     def _process(self, launched: Launched, touched: dict[str, Request], ended: set[str]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""

@@ -27,6 +27,8 @@ class OutputProcessor:
         num_tokens = len(seq.token_ids)
         n_out = num_tokens - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
+        # structured outputs: the grammar is done (it took a stop token, or the token it was masked to)
+        grammar_done = seq.grammar is not None and (not seq.grammar.accept_token(token) or seq.grammar.is_terminated())
         piece = ""
         if (
             self.tokenizer is not None
@@ -52,6 +54,8 @@ class OutputProcessor:
             seq.stop_reason = None if token in p.eos_token_ids and token not in p.stop_token_ids else token
         elif hit and n_out >= p.min_tokens:
             seq.output_text, seq.stop_reason = hit
+            seq.finish_reason = "stop"
+        elif grammar_done:
             seq.finish_reason = "stop"
         elif num_tokens >= req.length_limit:
             seq.finish_reason = "length"

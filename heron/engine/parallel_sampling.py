@@ -43,4 +43,6 @@ def _sibling(seq: Sequence, index: int) -> Sequence:
     child.block_hashes = list(seq.block_hashes)
     child.status = seq.status
     child.num_cached_tokens = seq.num_cached_tokens
+    if seq.grammar is not None:  # at the fork's point, as its blocks
+        child.grammar = seq.grammar.fork()
     return child

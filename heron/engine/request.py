@@ -57,6 +57,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.num_sent_tokens = 0  # output tokens and text characters already in RequestOutputKind.DELTA outputs
         self.num_sent_chars = 0
+        self.grammar = None  # structured outputs: its xgrammar GrammarMatcher (engine/structured_output.py)
 
     @property
     def params(self) -> SamplingParams:

@@ -320,10 +320,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> InflightStep:
-        """Launch one step on the device and return at once (on a GPU); `InflightStep.result()` waits
-        for its sampled tokens. An input position past a sequence's `token_ids` holds the previous step's
-        sample for it, still on the device, and is filled there: the engine prepares step t + 1 before step
-        t's tokens reach the host."""
+        """Launch one step on the device and return at once (on a GPU); `InflightStep.result()` waits for its
+        sampled tokens. An input past a sequence's `token_ids` is the previous step's sample for it, still on
+        the device, and is filled there (the engine prepares step t + 1 before step t's tokens are read back)."""
         self.move_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self.buffers.flip()
         inputs = self._prepare(batch)
@@ -338,6 +337,8 @@ class ModelRunner:
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
             self.step_sender.send(batch, inputs.arrays, inputs.graph is not None, inputs.meta, logits_rows)
         logits = self.run_forward(inputs.arrays, inputs.graph, inputs.meta, logits_rows)
+        if fill_mask := batch.grammar_bitmask:  # structured outputs: filled on the host during the forward
+            inputs.sampling.token_bitmask = fill_mask().to(self.device, non_blocking=True)
         out = self.sampler(logits if inputs.first_rows else logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
         prompt_lp = None

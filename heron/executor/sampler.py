@@ -92,6 +92,7 @@ class SamplingTensors:
     # Host-side summaries (None: derived from the tensors, at the cost of a device sync).
     max_top_k: int | None = None  # largest top-k below the vocab size among sampled rows; 0: none
     need_top_p: bool | None = None  # some sampled row has top_p < 1
+    token_bitmask: torch.Tensor | None = None  # [R, ceil(V / 32)] int32 of structured outputs, or None
 
     @classmethod
     def build(
@@ -325,6 +326,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
         """logits [R, V] float32 -> sampled ids; logprobs come from the raw logits, as in vLLM."""
+        if t.token_bitmask is not None:  # (before the logprobs: a constrained row's are over its allowed tokens)
+            logits = apply_token_bitmask(logits, t.token_bitmask)
         raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32) if t.max_logprobs >= 0 else None
         if t.bias_rows is not None:
             logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values.to(logits.dtype), accumulate=True)
@@ -339,6 +342,16 @@ class Sampler:
             return SamplerOutput(token_ids, None, None)
         ids, lps = gather_logprobs(raw_logprobs, token_ids, t.max_logprobs)
         return SamplerOutput(token_ids, ids, lps)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Structured outputs' mask: -inf on each row's tokens whose bit is 0 in `bitmask` [R, ceil(V / 32)] int32
+    (bit v % 32 of word v // 32: token v is allowed; xgrammar's layout). A few element-wise ops over [R, V],
+    the same on CPU and GPU, after a captured graph's logits."""
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,6 +43,14 @@ CROSS_FIELD = re.compile(
             r"top_logprobs requires logprobs",
             r"Give either prompt or messages",
             r"sequences: at most \d+ per request",
+            # tools: what tool_choice asks of the tools, the server's flags, the history's calls
+            r"tool choice requires --enable-auto-tool-choice",
+            r"tool_choice needs tools",
+            r"tool_choice names the tool",
+            r"Two tools have the same name",
+            r"The arguments of tool call",
+            r"takes no other output constraint",
+            r"parameters are not a usable JSON schema",
         ]
     )
 )

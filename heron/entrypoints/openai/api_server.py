@@ -98,7 +98,8 @@ class ServerState:
             log_requests=self.args.enable_log_requests,
         )
         self.completion = OpenAIServingCompletion(**common)
-        self.chat = OpenAIServingChat(**common)
+        auto_tools = self.args.tool_call_parser if self.args.enable_auto_tool_choice else None
+        self.chat = OpenAIServingChat(**common, tool_call_parser=auto_tools)
         self.tokenization = OpenAIServingTokenization(**common)
         self.engine = engine
         loop = asyncio.get_running_loop()

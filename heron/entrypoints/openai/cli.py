@@ -6,6 +6,7 @@ import argparse
 
 from heron.entrypoints.engine_args import add_engine_args
 from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
+from heron.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from heron.metrics import COMPAT_PREFIXES
 
 
@@ -50,6 +51,18 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one, instead of the tokenizer's"
+    )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let the model choose its tool calls (tool_choice "auto", the default with tools); needs '
+        "--tool-call-parser",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="how the model writes tool calls: hermes (Qwen2.5, Qwen3), llama3_json (Llama 3.x), mistral",
     )
     g.add_argument(
         "--max-waiting-requests",
@@ -113,5 +126,8 @@ def _positive(text: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from heron.entrypoints.openai.api_server import run_server
+
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise SystemExit("heron serve: --enable-auto-tool-choice requires --tool-call-parser")
 
     return run_server(args)

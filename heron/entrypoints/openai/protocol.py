@@ -119,6 +119,30 @@ LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]*)$")]
 LogitBiasValue = Annotated[float, Field(ge=LOGIT_BIAS.low, le=LOGIT_BIAS.high)]
 
 
+class JsonSchemaFormat(RequestModel):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON under a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(RequestModel):
+    """vLLM's `structured_outputs` extra: exactly one constraint (heron.sampling_params.StructuredOutputsParams)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(RequestModel):
     """Fields that completions and chat share. Unset temperature / top_p / top_k / repetition_penalty fall
     back to the model's generation_config, then to `SamplingParams`' defaults."""
@@ -149,6 +173,14 @@ class SamplingRequest(RequestModel):
     priority: integer(INT64_MIN, INT64_MAX) = Field(
         0, description="Lower runs first under --scheduling-policy priority."
     )
+    # Structured outputs (at most one constraint): OpenAI's response_format, vLLM's structured_outputs and its
+    # older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
 
 
 # -- /v1/completions ---------------------------------------------------------------------------------------
@@ -201,14 +233,55 @@ class TextContentPart(RequestModel):
     text: str
 
 
+class FunctionCallParam(RequestModel):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON object's text.")
+
+
+class ChatCompletionMessageToolCallParam(RequestModel):
+    """A call the assistant made earlier in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessageParam(RequestModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ChatCompletionMessageToolCallParam] | None = None  # on assistant messages
+    tool_call_id: str | None = None  # on tool messages: the call this is the result of
+
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
+    strict: bool | None = None
+
+
+class ChatCompletionToolParam(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(RequestModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1)
+    tools: list[ChatCompletionToolParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = Field(
+        None, description='Default: "auto" with tools (needs --enable-auto-tool-choice), else "none".'
+    )
+    parallel_tool_calls: bool = True
     max_tokens: ranged("max_tokens") | None = Field(
         None, description="Deprecated by OpenAI in favour of max_completion_tokens."
     )
@@ -217,10 +290,22 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: ranged("logprobs") | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatTopLogprob(OpenAIBaseModel):
@@ -242,7 +327,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     index: int
     message: ChatMessage
     logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -255,21 +340,38 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
+class DeltaModel(OpenAIBaseModel):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler) -> dict:
         # OpenAI's deltas carry only what changed: the role once, then content; the last one is `{}`.
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
+class DeltaFunctionCall(DeltaModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(DeltaModel):
+    """A piece of a call: the first has its id, type and name (and arguments ""), the rest argument text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(DeltaModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
 class ChatCompletionStreamChoice(OpenAIBaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionChunk(OpenAIBaseModel):

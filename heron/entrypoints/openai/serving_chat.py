@@ -1,5 +1,6 @@
-"""POST /v1/chat/completions: messages -> the model's chat template (with the generation prompt) -> one
-engine request with n samples."""
+"""POST /v1/chat/completions: messages (and tools) -> the model's chat template (with the generation prompt)
+-> one engine request with n samples; with tool calling, each sample's text is read into content and tool
+calls as it comes (serving_tools.py), for streams and plain answers alike."""
 
 from __future__ import annotations
 
@@ -19,18 +20,28 @@ from heron.entrypoints.openai.protocol import (
     ChatMessage,
     ChatTokenLogprob,
     ChatTopLogprob,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
 from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
+from heron.entrypoints.openai.serving_tools import CallExtractor, ToolCalling
 from heron.outputs import Logprobs
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *, tool_call_parser: str | None = None, **common) -> None:
+        super().__init__(**common)
+        self.tool_call_parser = tool_call_parser  # for tool_choice "auto"; None: not enabled
+
     async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | EventStream:
         model = self.model_name(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
+        tools = ToolCalling(req, self.tool_call_parser)
         max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         params = self.sampling_params(
             req,
@@ -38,7 +49,15 @@ class OpenAIServingChat(OpenAIServing):
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
         )
-        prompt = self.render(req.messages)
+        if tools.structured_outputs is not None:
+            if params.structured_outputs is not None:
+                raise ApiError(
+                    400, f"tool_choice {tools.choice!r} takes no other output constraint.", param="tool_choice"
+                )
+            params.structured_outputs = tools.structured_outputs
+        params.skip_special_tokens = params.skip_special_tokens and tools.skip_special_tokens
+        prompt = self.render(req.messages, tools=tools.tools)
+        extractors: dict[int, CallExtractor | None] = {}  # per choice, made at its first text
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The template already holds the special tokens (BOS and the like): none are added again.
         group = await self.start(
@@ -59,8 +78,13 @@ class OpenAIServingChat(OpenAIServing):
                 return c.model_dump_json()
 
             def fragment_chunk(fragment: Fragment) -> str | None:
-                piece = self._choice(req, fragment)
-                if not (piece.delta.content or piece.finish_reason or (piece.logprobs and piece.logprobs.content)):
+                piece = self._choice(req, fragment, tools, extractors)
+                if not (
+                    piece.delta.content
+                    or piece.delta.tool_calls
+                    or piece.finish_reason
+                    or (piece.logprobs and piece.logprobs.content)
+                ):
                     return None  # new tokens whose text is held back (a stop string may be starting)
                 return chunk([piece])
 
@@ -75,7 +99,7 @@ class OpenAIServingChat(OpenAIServing):
         choices: dict[int, ChatCompletionResponseChoice] = {}
 
         def add(fragment: Fragment) -> None:
-            piece = self._choice(req, fragment)
+            piece = self._choice(req, fragment, tools, extractors)
             choice = choices.get(piece.index)
             if choice is None:
                 choice = choices[piece.index] = ChatCompletionResponseChoice(
@@ -83,7 +107,16 @@ class OpenAIServingChat(OpenAIServing):
                     message=ChatMessage(content=""),
                     logprobs=ChatChoiceLogprobs(content=[]) if req.logprobs else None,
                 )
-            choice.message.content += piece.delta.content or ""
+            message = choice.message
+            message.content += piece.delta.content or ""
+            for d in piece.delta.tool_calls or []:
+                if d.id is not None:
+                    message.tool_calls = (message.tool_calls or []) + [
+                        ToolCall(id=d.id, function=FunctionCall(name=d.function.name, arguments=""))
+                    ]
+                message.tool_calls[d.index].function.arguments += d.function.arguments
+            if message.tool_calls and piece.finish_reason is not None:
+                message.content = message.content or None
             choice.finish_reason = piece.finish_reason
             if piece.logprobs is not None:
                 choice.logprobs.content += piece.logprobs.content
@@ -92,13 +125,36 @@ class OpenAIServingChat(OpenAIServing):
         choices_in_order = [choices[i] for i in sorted(choices)]
         return ChatCompletionResponse(id=request_id, model=model, choices=choices_in_order, usage=usage)
 
-    def _choice(self, req: ChatCompletionRequest, fragment: Fragment) -> ChatCompletionStreamChoice:
-        """A sample's news as a choice: a stream's chunk, or a piece of the plain answer."""
+    def _choice(
+        self,
+        req: ChatCompletionRequest,
+        fragment: Fragment,
+        tools: ToolCalling,
+        extractors: dict[int, CallExtractor | None],
+    ) -> ChatCompletionStreamChoice:
+        """A sample's news as a choice: a stream's chunk, or a piece of the plain answer. With tool calling,
+        its text goes through the choice's extractor, which makes it content and call deltas."""
         index, _, c = fragment
+        text, finish_reason, calls = c.text, c.finish_reason, None
+        if index not in extractors:
+            extractors[index] = tools.extractor()
+        if (extractor := extractors[index]) is not None:
+            text, deltas = extractor.feed(c.text, final=finish_reason is not None)
+            calls = [
+                DeltaToolCall(
+                    index=d.index,
+                    id=d.id,
+                    type="function" if d.id is not None else None,
+                    function=DeltaFunctionCall(name=d.name, arguments=d.arguments),
+                )
+                for d in deltas
+            ] or None
+            if finish_reason == "stop" and extractor.calls_sent:
+                finish_reason = "tool_calls"
         return ChatCompletionStreamChoice(
             index=index,
-            delta=DeltaMessage(content=c.text) if c.text else DeltaMessage(),
-            finish_reason=c.finish_reason,
+            delta=DeltaMessage(content=text or None, tool_calls=calls),
+            finish_reason=finish_reason,
             logprobs=self._logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0) if req.logprobs else None,
         )
 

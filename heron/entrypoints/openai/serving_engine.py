@@ -31,6 +31,8 @@ from heron.entrypoints.openai.admission import Admission, Overloaded, Ticket
 from heron.entrypoints.openai.errors import ApiError, api_error, sse
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
+from heron.entrypoints.openai.serving_tools import template_tool_calls
+from heron.entrypoints.openai.structured_outputs import structured_outputs_params
 from heron.metrics import ServerMetrics
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
 from heron.sampling_params import RequestOutputKind, SamplingParams
@@ -193,6 +195,7 @@ class OpenAIServing:
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
         defaults = self._generation_defaults
+        structured = structured_outputs_params(req)
 
         def pick(name: str, value):
             return value if value is not None else defaults.get(name, getattr(SamplingParams, name))
@@ -219,6 +222,7 @@ class OpenAIServing:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
+                structured_outputs=structured,
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
@@ -372,8 +376,11 @@ class OpenAIServing:
             yield api_error(e).event()
         yield sse("[DONE]")
 
-    def render(self, messages: list[ChatMessageParam], add_generation_prompt: bool = True) -> str:
-        """The conversation as one prompt string, through the model's chat template (or --chat-template)."""
+    def render(
+        self, messages: list[ChatMessageParam], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The conversation as one prompt string, through the model's chat template (or --chat-template), with
+        the request's tools (as OpenAI writes them) where it has some."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(
                 400, "This model has no chat template; start the server with --chat-template.", param="messages"
@@ -396,10 +403,14 @@ class OpenAIServing:
             msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls:
+                msg["tool_calls"] = template_tool_calls(m.tool_calls)
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             conversation.append(msg)
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
             raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None

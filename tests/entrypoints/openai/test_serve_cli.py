@@ -32,6 +32,8 @@ ISSUE_FLAGS = [
     "--max-request-body-bytes",
     "--cpu-threads",
     "--shutdown-timeout",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
 ]
 
 
@@ -150,3 +152,12 @@ def test_engine_cpu_threads(monkeypatch):
 def test_bad_choices_are_rejected(flag, value):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", flag, value])
+
+
+def test_auto_tool_choice_needs_a_parser():
+    from heron.entrypoints.cli import main
+
+    args = _serve_parser().parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    with pytest.raises(SystemExit, match="requires --tool-call-parser"):
+        main(["serve", "--enable-auto-tool-choice"])

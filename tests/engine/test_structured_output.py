@@ -1,0 +1,104 @@
+"""Structured outputs: the grammar, the bitmask and its application, then the engine on the embedded model
+(every output parses and matches its constraint; unconstrained rows of a mixed batch are unchanged)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from heron import SamplingParams
+from heron.engine.structured_output import StructuredOutputManager, build_grammar, cache_key
+from heron.executor.sampler import apply_token_bitmask
+from heron.sampling_params import StructuredOutputsParams as S
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer"},
+        "color": {"enum": ["red", "blue"]},
+    },
+    "required": ["name", "age", "color"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (S(regex="("), "regex"),
+        (S(json={"type": "nope"}), "json"),
+        (S(json="{bad"), "json"),
+        (S(grammar="x"), "grammar"),
+    ],
+)
+def test_an_invalid_constraint_is_a_value_error_naming_its_field(params, field):
+    with pytest.raises(ValueError, match=rf"structured_outputs\.{field} is invalid"):
+        build_grammar(params)
+
+
+def test_the_cache_key_does_not_depend_on_the_schema_key_order():
+    assert cache_key(S(json={"a": 1, "b": 2})) == cache_key(S(json={"b": 2, "a": 1}))
+
+
+def test_apply_token_bitmask_keeps_exactly_the_allowed_tokens():
+    vocab = 70
+    allowed = torch.rand(3, vocab) < 0.3
+    bits = torch.zeros(3, 96, dtype=torch.int64)
+    bits[:, :vocab] = allowed.long()
+    words = (bits.reshape(3, 3, 32) << torch.arange(32)).sum(-1)
+    mask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    logits = torch.randn(3, vocab)
+    out = apply_token_bitmask(logits, mask)
+    assert torch.equal(out.isfinite(), allowed)
+    assert torch.equal(out[allowed], logits[allowed])
+
+
+def test_the_matcher_and_its_mask_follow_a_choice(embedded_tokenizer):
+    vocab = len(embedded_tokenizer)
+    manager = StructuredOutputManager(embedded_tokenizer, vocab, 2, torch.device("cpu"))
+    eos = embedded_tokenizer.eos_token_id
+    matcher = manager.matcher(manager.compile(S(choice=["yes", "no"])).result(), [eos])
+    mask = manager.fill_bitmask([matcher, None])()
+    logits = apply_token_bitmask(torch.zeros(2, vocab), mask)
+    assert logits[1].isfinite().all()  # a row without a grammar
+    first = logits[0].isfinite().nonzero()[:, 0].tolist()
+    texts = {embedded_tokenizer.decode([t]) for t in first}
+    assert texts and all("yes".startswith(t) or "no".startswith(t) for t in texts)
+    for t in embedded_tokenizer.encode("no", add_special_tokens=False):
+        assert matcher.accept_token(t)
+    done = apply_token_bitmask(torch.zeros(1, vocab), manager.fill_bitmask([matcher])())
+    assert done[0].isfinite().nonzero()[:, 0].tolist() == [eos]  # the choice is complete: only EOS
+    assert matcher.accept_token(eos) and matcher.is_terminated()
+
+
+def _texts(llm, prompts, params):
+    return [o.outputs for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_json_regex_and_choice_outputs_match_and_free_rows_are_unchanged(embedded_llm):
+    free = SamplingParams(temperature=0.8, seed=7, max_tokens=12)
+    json_params = [SamplingParams(seed=s, max_tokens=60, structured_outputs=S(json=SCHEMA)) for s in range(6)]
+    regex = SamplingParams(seed=1, max_tokens=20, structured_outputs=S(regex=r"\d{4}-\d{2}-\d{2}"))
+    choice = SamplingParams(seed=2, n=2, max_tokens=10, structured_outputs=S(choice=["red", "green", "blue"]))
+    prompts = ["A person as JSON:"] * 6 + ["Today's date:", "A color:", "Hello, my name is"]
+    outs = _texts(embedded_llm, prompts, [*json_params, regex, choice, free])
+    for (o,) in outs[:6]:
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", outs[6][0].text)
+    assert all(c.text in ("red", "green", "blue") and c.finish_reason == "stop" for c in outs[7])
+    # the unconstrained row draws the same tokens as without the constrained ones beside it
+    alone = _texts(embedded_llm, prompts[-1:], [free])[0][0]
+    assert outs[8][0].token_ids == alone.token_ids
+
+
+def test_an_invalid_constraint_is_refused_and_the_engine_goes_on(embedded_llm):
+    with pytest.raises(ValueError, match="structured_outputs.regex"):
+        embedded_llm.generate(["x"], SamplingParams(structured_outputs=S(regex="(")), use_tqdm=False)
+    out = _texts(embedded_llm, ["Yes or no?"], [SamplingParams(structured_outputs=S(choice=["yes", "no"]))])[0][0]
+    assert out.text in ("yes", "no")
