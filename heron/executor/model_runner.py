@@ -25,12 +25,14 @@ from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
 from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
+from heron.kernels.gemm.fp8 import FP8_DTYPE, quantize_fp8_rows
 from heron.kernels.gemm.plans import MatmulPlans, use_plans
 from heron.kernels.gemm.tune import tune_and_summarise
 from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
 from heron.layers.vocab_embedding import ParallelLMHead
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
+from heron.models.quantization import quantization_config, quantize_layers, quantized_weights
 from heron.models.registry import get_model_cls
 
 if TYPE_CHECKING:
@@ -95,6 +97,8 @@ class ModelRunner:
             cfg = dataclasses.replace(self.model_cfg, max_position_embeddings=self.config.scheduler.max_model_len)
             with torch.device("meta"), use_plans(self.matmul_plans):
                 model = cls(cfg, self.backend)
+                if quant := quantization_config(source.hf_config, self.config.model.quantization):
+                    quantize_layers(model, quant)
         finally:
             torch.set_default_dtype(default_dtype)
         model.to_empty(device=self.device)
@@ -105,7 +109,7 @@ class ModelRunner:
             if self.config.model.load_format == "dummy":
                 _init_dummy(model, self.config.model.seed)
             else:
-                model.load_weights(source.weights())
+                model.load_weights(quantized_weights(model, source.weights()) if quant else source.weights())
         model.eval()
         logger.info(
             "loaded %s (%.0f M parameters, %s) in %.1f s",
@@ -131,7 +135,8 @@ class ModelRunner:
             if m > GEMV_MAX_ROWS
         ]
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
-        weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        projections = [m for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        weights = [m.weight for m in projections if not m.is_fp8]  # FP8 ones run torch._scaled_mm, untuned
         weights += [m.weight for m in heads if not m.float32_matmul()]
         float32_out = [m.weight for m in heads if m.float32_matmul()]
         logger.info(tune_and_summarise(self.matmul_plans, weights, rows, float32_out))
@@ -490,8 +495,15 @@ class ModelRunner:
 def _init_dummy(model: torch.nn.Module, seed: int) -> None:
     """Random weights in the real shapes, for benchmarks: small normal matrices, unit norms, zero biases."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if p.dim() > 1:
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.dtype == FP8_DTYPE:  # an FP8 projection: random rows quantized as `--quantization fp8` would
+            q, scale = quantize_fp8_rows(torch.empty(p.shape, device=p.device).normal_(0.0, 0.02, generator=gen))
+            p.copy_(q)
+            params[name.removesuffix("weight") + "weight_scale"].copy_(scale)
+        elif name.endswith("weight_scale"):
+            continue
+        elif p.dim() > 1:
             p.normal_(0.0, 0.02, generator=gen)
         elif name.endswith("norm.weight"):
             p.fill_(1.0)
