@@ -25,14 +25,13 @@ from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
 from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
-from heron.kernels.gemm.fp8 import FP8_DTYPE, quantize_fp8_rows
 from heron.kernels.gemm.plans import MatmulPlans, use_plans
 from heron.kernels.gemm.tune import tune_and_summarise
 from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
 from heron.layers.vocab_embedding import ParallelLMHead
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
-from heron.models.quantization import quantization_config, quantize_layers, quantized_weights
+from heron.models.quantization import init_dummy_weights, quantize_layers, quantized_weights
 from heron.models.registry import get_model_cls
 
 if TYPE_CHECKING:
@@ -97,8 +96,7 @@ class ModelRunner:
             cfg = dataclasses.replace(self.model_cfg, max_position_embeddings=self.config.scheduler.max_model_len)
             with torch.device("meta"), use_plans(self.matmul_plans):
                 model = cls(cfg, self.backend)
-                if quant := quantization_config(source.hf_config, self.config.model.quantization):
-                    quantize_layers(model, quant)
+                quant = quantize_layers(model, source.hf_config, self.config.model.quantization)
         finally:
             torch.set_default_dtype(default_dtype)
         model.to_empty(device=self.device)
@@ -107,7 +105,7 @@ class ModelRunner:
                 module.materialize()
         with torch.no_grad():
             if self.config.model.load_format == "dummy":
-                _init_dummy(model, self.config.model.seed)
+                init_dummy_weights(model, self.config.model.seed)
             else:
                 model.load_weights(quantized_weights(model, source.weights()) if quant else source.weights())
         model.eval()
@@ -135,8 +133,7 @@ class ModelRunner:
             if m > GEMV_MAX_ROWS
         ]
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
-        projections = [m for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-        weights = [m.weight for m in projections if not m.is_fp8]  # FP8 ones run torch._scaled_mm, untuned
+        weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         weights += [m.weight for m in heads if not m.float32_matmul()]
         float32_out = [m.weight for m in heads if m.float32_matmul()]
         logger.info(tune_and_summarise(self.matmul_plans, weights, rows, float32_out))
@@ -490,22 +487,3 @@ class ModelRunner:
         h.pending_dst[:n] = t.qsl[pending + 1] - 1
         h.pending_src[:n] = [last_rows[batch.seq_ids[i]] for i in pending.tolist()]
         return n, False
-
-
-def _init_dummy(model: torch.nn.Module, seed: int) -> None:
-    """Random weights in the real shapes, for benchmarks: small normal matrices, unit norms, zero biases."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    params = dict(model.named_parameters())
-    for name, p in params.items():
-        if p.dtype == FP8_DTYPE:  # an FP8 projection: random rows quantized as `--quantization fp8` would
-            q, scale = quantize_fp8_rows(torch.empty(p.shape, device=p.device).normal_(0.0, 0.02, generator=gen))
-            p.copy_(q)
-            params[name.removesuffix("weight") + "weight_scale"].copy_(scale)
-        elif name.endswith("weight_scale"):
-            continue
-        elif p.dim() > 1:
-            p.normal_(0.0, 0.02, generator=gen)
-        elif name.endswith("norm.weight"):
-            p.fill_(1.0)
-        else:
-            p.zero_()

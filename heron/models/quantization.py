@@ -77,9 +77,13 @@ def _check_compressed_tensors_group(name: str, group: dict[str, Any], fmt: str |
         )
 
 
-def quantize_layers(model: nn.Module, qcfg: QuantizationConfig) -> None:
-    """Give every projection not ignored an FP8 weight (before the weights load, on `meta` too), then rebind
-    every module's ops (a NormLinear reads its projection's)."""
+def quantize_layers(model: nn.Module, hf_config: dict[str, Any], requested: str | None) -> QuantizationConfig | None:
+    """Give every projection not ignored an FP8 weight where the checkpoint or `--quantization` says so (before
+    the weights load, on `meta` too), then rebind every module's ops (a NormLinear reads its projection's).
+    Returns the quantization config (None: nothing quantized)."""
+    qcfg = quantization_config(hf_config, requested)
+    if qcfg is None:
+        return None
     if any(isinstance(m, FusedMoE) for m in model.modules()):
         raise ValueError("FP8 quantization of mixture-of-experts models is not supported.")
     parts = _fused_parts(model)
@@ -96,6 +100,7 @@ def quantize_layers(model: nn.Module, qcfg: QuantizationConfig) -> None:
     for module in model.modules():
         if isinstance(module, DeviceOps):
             module.bind_ops()
+    return qcfg
 
 
 def _fused_parts(model: nn.Module) -> list[tuple[str, str]]:
@@ -120,3 +125,23 @@ def quantized_weights(
                 yield name.removesuffix("weight") + "weight_scale", scale
                 continue
         yield name, tensor
+
+
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights in the real shapes, for benchmarks (`--load-format dummy`): small normal matrices, unit
+    norms, zero biases; an FP8 projection's rows quantized as `--quantization fp8` would (so it lives here)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.dtype == FP8_DTYPE:
+            q, scale = quantize_fp8_rows(torch.empty(p.shape, device=p.device).normal_(0.0, 0.02, generator=gen))
+            p.copy_(q)
+            params[name.removesuffix("weight") + "weight_scale"].copy_(scale)
+        elif name.endswith("weight_scale"):
+            continue  # filled with its weight
+        elif p.dim() > 1:
+            p.normal_(0.0, 0.02, generator=gen)
+        elif name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.zero_()

@@ -220,3 +220,15 @@ def test_unsupported_schemes_are_refused_by_name(qc, match):
 def test_fp8_moe_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="mixture-of-experts"):
         LLM(tiny_model_dir("mixtral"), kv_cache_memory=16 << 20, max_model_len=256, quantization="fp8")
+
+
+def test_dummy_fp8_weights_are_quantized_random_rows(tiny_model_dir):
+    llm = LLM(
+        tiny_model_dir("llama"), kv_cache_memory=16 << 20, max_model_len=256, load_format="dummy", quantization="fp8"
+    )
+    o_proj = llm.engine.runner.model.layers[0].self_attn.o_proj
+    assert o_proj.weight.dtype == FP8_DTYPE and (o_proj.weight_scale > 0).all()
+    w = o_proj.weight.float() * o_proj.weight_scale
+    assert 0.01 < w.std() < 0.03
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
