@@ -1,7 +1,8 @@
 """FP8 checkpoints and online quantization (heron/models/quantization.py) on the tiny Llama: the weights Heron
 holds against the format's own decompression, and the model's logits and greedy tokens against transformers
 running the dequantized weights (weight-only there: Heron also quantizes activations per token, which is where
-the stated error comes from).
+the stated error comes from). On the CPU (the reference path, float32); on CUDA the engine's bf16 FP8 path
+against the CPU's.
 
 Checkpoints are written here: compressed-tensors by its own compressor (per-channel and per-tensor FP8 schemes),
 HF / vLLM `quant_method: fp8` by its spec (per-tensor `weight_scale`, a static `input_scale` Heron drops).
@@ -152,7 +153,7 @@ def test_fp8_checkpoint_loads_as_written_and_matches_dequantized_model(fmt, chec
 
     path = checkpoints[fmt]
     model, sd = _dequantized_hf_model(path)
-    llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256)
+    llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, device="cpu")
     qkv = llm.engine.runner.model.layers[1].self_attn.qkv_proj
     assert qkv.weight.dtype == FP8_DTYPE
     # Heron's fused q | k | v rows dequantize to exactly what the format's decompression gives
@@ -173,7 +174,7 @@ def test_online_fp8_quantizes_rows_and_tracks_the_fp32_model(checkpoints):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = checkpoints["base"]
-    llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, quantization="fp8")
+    llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, device="cpu", quantization="fp8")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gate_up = llm.engine.runner.model.layers[0].mlp.gate_up_proj
     q, s = quantize_fp8_rows(hf.model.layers[0].mlp.up_proj.weight.detach())
@@ -219,12 +220,17 @@ def test_unsupported_schemes_are_refused_by_name(qc, match):
 
 def test_fp8_moe_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="mixture-of-experts"):
-        LLM(tiny_model_dir("mixtral"), kv_cache_memory=16 << 20, max_model_len=256, quantization="fp8")
+        LLM(tiny_model_dir("mixtral"), kv_cache_memory=16 << 20, max_model_len=256, device="cpu", quantization="fp8")
 
 
 def test_dummy_fp8_weights_are_quantized_random_rows(tiny_model_dir):
     llm = LLM(
-        tiny_model_dir("llama"), kv_cache_memory=16 << 20, max_model_len=256, load_format="dummy", quantization="fp8"
+        tiny_model_dir("llama"),
+        kv_cache_memory=16 << 20,
+        max_model_len=256,
+        device="cpu",
+        load_format="dummy",
+        quantization="fp8",
     )
     o_proj = llm.engine.runner.model.layers[0].self_attn.o_proj
     assert o_proj.weight.dtype == FP8_DTYPE and (o_proj.weight_scale > 0).all()
@@ -232,3 +238,15 @@ def test_dummy_fp8_weights_are_quantized_random_rows(tiny_model_dir):
     assert 0.01 < w.std() < 0.03
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fp8_engine_matches_cpu_reference(checkpoints):
+    """The door's torch._scaled_mm path (bf16 activations, CUDA graphs) against the CPU's float32 reference."""
+    from transformers import AutoTokenizer
+
+    path = checkpoints["channel"]
+    ids = AutoTokenizer.from_pretrained(path)(PROMPTS[1]).input_ids
+    cpu = _heron_logits(LLM(path, kv_cache_memory=16 << 20, max_model_len=256, device="cpu"), ids)
+    gpu = _heron_logits(LLM(path, kv_cache_memory=16 << 20, max_model_len=256), ids).cpu()
+    assert (gpu - cpu).norm() / cpu.norm() < 3e-2  # bf16 activations and residual stream
