@@ -170,14 +170,17 @@ def test_fp8_checkpoint_loads_as_written_and_matches_dequantized_model(fmt, chec
         assert (ours - ref).norm() / ref.norm() < tol
 
 
-def test_online_fp8_quantizes_rows_and_tracks_the_fp32_model(checkpoints):
+@pytest.mark.parametrize("arch", ["llama", "phi3"])  # Phi-3's checkpoint holds qkv_proj and gate_up_proj fused
+def test_online_fp8_quantizes_rows_and_tracks_the_fp32_model(arch, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = checkpoints["base"]
+    path = tiny_model_dir(arch)
     llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, device="cpu", quantization="fp8")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gate_up = llm.engine.runner.model.layers[0].mlp.gate_up_proj
-    q, s = quantize_fp8_rows(hf.model.layers[0].mlp.up_proj.weight.detach())
+    hf_mlp = hf.model.layers[0].mlp
+    up = hf_mlp.up_proj.weight if arch == "llama" else hf_mlp.gate_up_proj.weight[128:]
+    q, s = quantize_fp8_rows(up.detach())
     assert torch.equal(gate_up.weight[128:].view(torch.uint8), q.view(torch.uint8))
     torch.testing.assert_close(gate_up.weight_scale[128:], s)
     assert llm.engine.runner.model.lm_head.weight.dtype == torch.float32  # embedding and head stay
