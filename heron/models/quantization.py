@@ -9,7 +9,8 @@ row; the matmul door's FP8 GEMM with per-token activation scales):
 A checkpoint's static `input_scale` is dropped: activations are always scaled per token, at run time.
 Every column/row-parallel projection is quantized (attention's q/k/v and o, the MLP's); the embedding, LM head,
 norms and an MoE router stay as they are. Mixture-of-experts models are refused (their experts would need an
-FP8 fused-MoE kernel).
+FP8 fused-MoE kernel). `--load-format dummy`'s random weights are made here too, FP8 ones quantized as online
+quantization would.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ QUANTIZATION_METHODS = ("fp8",)
 @dataclass(frozen=True)
 class QuantizationConfig:
     method: str  # "fp8"
-    online: bool  # the checkpoint is 16/32-bit: quantize while loading
     ignore: tuple[str, ...] = ()  # checkpoint module names ("re:" a regular expression) left unquantized
 
     def ignores(self, module: str) -> bool:
@@ -47,7 +47,7 @@ def quantization_config(hf_config: dict[str, Any], requested: str | None) -> Qua
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}; got {requested!r}.")
     qc = hf_config.get("quantization_config")
     if qc is None:
-        return QuantizationConfig(method=requested, online=True) if requested else None
+        return QuantizationConfig(method=requested) if requested else None
     method = qc.get("quant_method")
     if method == "compressed-tensors":
         ignore = tuple(qc.get("ignore") or ())
@@ -63,7 +63,7 @@ def quantization_config(hf_config: dict[str, Any], requested: str | None) -> Qua
         )
     if qc.get("kv_cache_scheme"):
         raise ValueError("a quantized KV cache scheme in the checkpoint (kv_cache_scheme) is not supported.")
-    return QuantizationConfig(method="fp8", online=False, ignore=ignore)
+    return QuantizationConfig(method="fp8", ignore=ignore)
 
 
 def _check_compressed_tensors_group(name: str, group: dict[str, Any], fmt: str | None) -> None:
