@@ -2,7 +2,8 @@
 weights unquantized. What is measured (and asserted with a margin): the relative (Frobenius) error of the last
 prompt token's logits, the top-1 agreement there, and how many greedy tokens agree before the first divergence.
 Measured: logits error 0.10-0.19 W8A8 (0.06-0.09 with the weights alone in FP8: this 30-layer 135M model, itself
-from a 4-bit GGUF, accumulates the rounding), top-1 4 of 4; greedy runs of 3-24 tokens before a divergence.
+from a 4-bit GGUF, accumulates the rounding), top-1 4 of 4; greedy tokens before the first divergence 12, 5,
+2 and 3 of 12 (22 of 48).
 """
 
 from __future__ import annotations
