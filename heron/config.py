@@ -59,10 +59,15 @@ class ModelConfig:
     chat_template: str | None = None
     served_model_name: str | None = None
     load_format: str = "auto"  # "auto" | "dummy" (random weights in the checkpoint's shapes, for benchmarks)
+    # "fp8": quantize a 16/32-bit checkpoint's projections to FP8 while loading (heron/models/quantization.py);
+    # None: as the checkpoint is (its config.json's quantization_config, if any)
+    quantization: str | None = None
 
     def verify(self) -> None:
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be 'fp8' or None, got {self.quantization!r}.")
 
 
 @dataclass

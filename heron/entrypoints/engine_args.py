@@ -91,6 +91,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "dummy"],
         help="dummy: random weights in the shapes of the model's config.json (benchmarks)",
     )
+    g.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        choices=["fp8"],
+        help="fp8: quantize a 16/32-bit checkpoint's projections to FP8 (e4m3) W8A8 while loading "
+        "(a quantized checkpoint is read as its config.json says, without this flag)",
+    )
 
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
@@ -103,6 +111,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             max_model_len=args.max_model_len,
             seed=args.seed,
             load_format=args.load_format,
+            quantization=args.quantization,
             **model_extra,
         ),
         cache=CacheConfig(

@@ -41,6 +41,7 @@ class LLM:
         chat_template: str | None = None,
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
+        quantization: str | None = None,
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(
@@ -51,6 +52,7 @@ class LLM:
                 seed=seed,
                 chat_template=chat_template,
                 load_format=load_format,
+                quantization=quantization,
             ),
             cache=CacheConfig(
                 block_size=block_size,

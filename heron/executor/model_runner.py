@@ -31,6 +31,7 @@ from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
 from heron.layers.vocab_embedding import ParallelLMHead
 from heron.models.config import TransformerConfig
 from heron.models.loader import ModelSource
+from heron.models.quantization import init_dummy_weights, quantize_layers, quantized_weights
 from heron.models.registry import get_model_cls
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class ModelRunner:
             cfg = dataclasses.replace(self.model_cfg, max_position_embeddings=self.config.scheduler.max_model_len)
             with torch.device("meta"), use_plans(self.matmul_plans):
                 model = cls(cfg, self.backend)
+                quant = quantize_layers(model, source.hf_config, self.config.model.quantization)
         finally:
             torch.set_default_dtype(default_dtype)
         model.to_empty(device=self.device)
@@ -103,9 +105,9 @@ class ModelRunner:
                 module.materialize()
         with torch.no_grad():
             if self.config.model.load_format == "dummy":
-                _init_dummy(model, self.config.model.seed)
+                init_dummy_weights(model, self.config.model.seed)
             else:
-                model.load_weights(source.weights())
+                model.load_weights(quantized_weights(model, source.weights()) if quant else source.weights())
         model.eval()
         logger.info(
             "loaded %s (%.0f M parameters, %s) in %.1f s",
@@ -486,15 +488,3 @@ class ModelRunner:
         h.pending_dst[:n] = t.qsl[pending + 1] - 1
         h.pending_src[:n] = [last_rows[batch.seq_ids[i]] for i in pending.tolist()]
         return n, False
-
-
-def _init_dummy(model: torch.nn.Module, seed: int) -> None:
-    """Random weights in the real shapes, for benchmarks: small normal matrices, unit norms, zero biases."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if p.dim() > 1:
-            p.normal_(0.0, 0.02, generator=gen)
-        elif name.endswith("norm.weight"):
-            p.fill_(1.0)
-        else:
-            p.zero_()

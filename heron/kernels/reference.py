@@ -218,3 +218,15 @@ def fused_experts_ref(
 
 def _capped(scores: torch.Tensor, soft_cap: float | None) -> torch.Tensor:
     return scores if soft_cap is None else torch.tanh(scores / soft_cap) * soft_cap
+
+
+def fp8_linear_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, weight_scale: torch.Tensor
+) -> torch.Tensor:
+    """heron/kernels/gemm/fp8.py's `fp8_linear` by dequantize-then-matmul: x quantized per token as there, both
+    operands dequantized to float32, F.linear, the output in x's dtype."""
+    from heron.kernels.gemm.fp8 import quantize_fp8_rows
+
+    xq, x_scale = quantize_fp8_rows(x)
+    y = F.linear(xq.float() * x_scale, weight.float() * weight_scale, None if bias is None else bias.float())
+    return y.to(x.dtype)

@@ -6,6 +6,7 @@ Gemma's norms scale by (1 + w) and its checkpoints store w: built with `weight_o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -61,7 +62,14 @@ class NormLinear(_OffsetWeight, DeviceOps):
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.weight.is_cuda:
+        if self.proj.is_fp8:  # the GEMV's norm prologue reads a 16/32-bit weight: the norm, then the FP8 matmul
+            if self.weight.is_cuda:
+                from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+                self._norm_linear = partial(_norm_then_proj, rms_norm, fused_add_rms_norm, self.proj)
+            else:
+                self._norm_linear = partial(_norm_then_proj, rms_norm_ref, fused_add_rms_norm_ref, self.proj)
+        elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import rms_norm_linear
 
             self._norm_linear = partial(rms_norm_linear, plans=self.proj.matmul_plans)
@@ -70,3 +78,23 @@ class NormLinear(_OffsetWeight, DeviceOps):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias)
+
+
+def _norm_then_proj(
+    norm: Callable,
+    add_norm: Callable,
+    proj: nn.Module,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm_linear`'s contract over a projection that runs its own matmul (an FP8 one): the norm's kernel,
+    then proj (which holds `weight` and `bias`)."""
+    if residual is None:
+        normed, residual = norm(x, norm_weight, eps), x
+    else:
+        normed, residual = add_norm(x, residual, norm_weight, eps)
+    return proj(normed), residual

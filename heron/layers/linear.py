@@ -9,6 +9,10 @@ rank's slice, so loaders never know about ranks. At world size 1 every forward i
 replaces (F.linear) with the same parameter names and shapes: on CUDA through the matmul door
 (heron/kernels/gemm/linear.py: the GEMV at decode sizes, else the BLAS kernel tuned for the weight in the
 `MatmulPlans` registry the layer was built with), F.linear elsewhere.
+
+`use_fp8()` turns a layer's weight into float8 e4m3 with a float32 scale per output row (`weight_scale`, loaded
+under the checkpoint's name; a per-tensor scale is stored on every row of its matrix), and its matmul into the
+door's FP8 one (heron/kernels/gemm/fp8.py; its dequantize-then-matmul reference off CUDA).
 """
 
 from __future__ import annotations
@@ -20,8 +24,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from heron.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+from heron.kernels.gemm.fp8 import FP8_DTYPE
 from heron.kernels.gemm.plans import plans_for_new_layer
-from heron.kernels.reference import gelu_tanh_mul_linear_ref, silu_mul_linear_ref
+from heron.kernels.reference import (
+    fp8_linear_ref,
+    gelu_tanh_and_mul_ref,
+    gelu_tanh_mul_linear_ref,
+    silu_and_mul_ref,
+    silu_mul_linear_ref,
+)
 from heron.layers.device_ops import DeviceOps
 
 
@@ -43,7 +54,56 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shar
     param.data.copy_(loaded_weight)
 
 
-class ColumnParallelLinear(DeviceOps):
+def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A checkpoint's weight scale as one float32 per output row [rows, 1]: per-channel ([rows] or [rows, 1])
+    as is, a per-tensor scalar repeated."""
+    scale = scale.float().reshape(-1, 1)
+    return scale.expand(rows, 1) if scale.shape[0] == 1 else scale
+
+
+def fp8_op(cuda: bool, weight_scale: torch.Tensor, activation: str | None = None):
+    """op(x, weight, bias=None) of an FP8 layer: the door's `fp8_linear` on CUDA, its reference elsewhere; with
+    `activation` ("silu" / "gelu_tanh") applied to a gate/up input first, as its own kernel."""
+    if cuda:
+        from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+        from heron.kernels.gemm.fp8 import fp8_linear
+
+        linear, acts = fp8_linear, {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+    else:
+        linear, acts = fp8_linear_ref, {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}
+    op = partial(linear, weight_scale=weight_scale)
+    if activation is None:
+        return op
+    act = acts[activation]
+
+    def act_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return op(act(x), weight, bias)
+
+    return act_linear
+
+
+class Fp8Weight:
+    """What the projection layers share to hold an FP8 weight."""
+
+    weight: nn.Parameter
+    weight_scale: nn.Parameter | None  # registered as None by the layer: a 16/32-bit weight has none
+
+    def use_fp8(self) -> None:
+        """Hold the weight in float8 e4m3 with `weight_scale` [N, 1] (float32), filled by the loader; call before
+        the weights are loaded (on `meta` too)."""
+        w = self.weight
+        self.weight = nn.Parameter(torch.empty(w.shape, dtype=FP8_DTYPE, device=w.device), requires_grad=False)
+        self.weight_scale = nn.Parameter(
+            torch.empty(w.shape[0], 1, dtype=torch.float32, device=w.device), requires_grad=False
+        )
+        self.bind_ops()
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.weight.dtype == FP8_DTYPE
+
+
+class ColumnParallelLinear(Fp8Weight, DeviceOps):
     """y = x W^T + b with W's rows (output features) split over ranks; returns this rank's columns of y.
 
     `output_sizes` lists the full sizes of the matrices fused into one (q, k, v or gate, up): each is split on
@@ -58,11 +118,14 @@ class ColumnParallelLinear(DeviceOps):
         self.local_sizes = [divide(s, self.tp_size, "output size") for s in output_sizes]
         self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+        self.register_parameter("weight_scale", None)
         self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.weight.is_cuda:
+        if self.is_fp8:
+            self._linear = fp8_op(self.weight.is_cuda, self.weight_scale)
+        elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import linear
 
             self._linear = partial(linear, plans=self.matmul_plans)
@@ -73,7 +136,12 @@ class ColumnParallelLinear(DeviceOps):
         return self._linear(x, self.weight, self.bias)
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
-        """`loaded_weight`: the full matrix (or bias) of fused part `shard_id`, or of all parts at once (None)."""
+        """`loaded_weight`: the full matrix (or bias, or weight scale) of fused part `shard_id`, or of all parts at
+        once (None)."""
+        if param is self.weight_scale:
+            loaded_weight = row_scales(
+                loaded_weight, sum(self.output_sizes) if shard_id is None else self.output_sizes[shard_id]
+            )
         if shard_id is None and len(self.output_sizes) > 1:
             check_shape(loaded_weight, sum(self.output_sizes), *param.shape[1:])
             for shard, part in enumerate(loaded_weight.split(self.output_sizes)):
@@ -86,7 +154,7 @@ class ColumnParallelLinear(DeviceOps):
         dst.copy_(loaded_weight.narrow(0, self.tp_rank * size, size))
 
 
-class RowParallelLinear(DeviceOps):
+class RowParallelLinear(Fp8Weight, DeviceOps):
     """y = x W^T + b with W's columns (input features) split over ranks: x arrives already split (the output of a
     ColumnParallelLinear), each rank's product is a partial sum, one all-reduce adds them, and the bias is added
     once after it.
@@ -105,11 +173,15 @@ class RowParallelLinear(DeviceOps):
         self.local_input = divide(input_size, self.tp_size, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+        self.register_parameter("weight_scale", None)
         self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.weight.is_cuda:
+        if self.is_fp8:
+            activation = "silu" if self.swiglu else "gelu_tanh" if self.geglu else None
+            self._linear = fp8_op(self.weight.is_cuda, self.weight_scale, activation)
+        elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import gelu_tanh_mul_linear, linear, silu_mul_linear
 
             op = silu_mul_linear if self.swiglu else gelu_tanh_mul_linear if self.geglu else linear
@@ -126,6 +198,8 @@ class RowParallelLinear(DeviceOps):
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
         if param is self.bias:
             return default_weight_loader(param, loaded_weight)
+        if param is self.weight_scale:  # a row's scale holds for every rank's columns of it
+            return default_weight_loader(param, row_scales(loaded_weight, self.output_size))
         check_shape(loaded_weight, self.output_size, self.input_size)
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * self.local_input, self.local_input))
 

@@ -5,6 +5,8 @@
               gemv.py) at up to 16 rows, else blas.py.
 - blas.py     cuBLAS, PyTorch's cuBLASLt or another cuBLASLt candidate, as the weight's tuned plan says; the LM
               head's float32-output matmul.
+- fp8.py      FP8 (e4m3) W8A8: per-token activation quantization and `torch._scaled_mm` with row-wise scales, which
+              the FP8 projection layers bind instead of linear.py (docs/quantization.md).
 - plans.py    `Plan` (one weight's choices by row count) and `MatmulPlans`, the registry a model runner owns;
               layers built inside `use_plans(registry)` keep it and pass it on each call.
 - tune.py     the start-up tuner that fills the registry (`--matmul-tuning on`).

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from heron.kernels.gemm import cublaslt
 from heron.kernels.gemm.blas import linear_lt
 from heron.kernels.gemm.cublaslt import Candidate, CublasLt
+from heron.kernels.gemm.fp8 import FP8_DTYPE
 from heron.kernels.gemm.plans import MatmulPlans, Plan
 
 ROTATE_BYTES = 256 << 20  # the weight copies a call is timed over in turn: several times the L2 cache (60 MB)
@@ -114,7 +115,8 @@ def tune(
     (seconds cuBLAS, seconds chosen, what was chosen)} summed over the shape's weights, for the log."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for w in weights:
-        groups[(tuple(w.shape), w.dtype, False)].append(w)
+        if w.dtype != FP8_DTYPE:  # an FP8 weight runs torch._scaled_mm (fp8.py), which has no choices here
+            groups[(tuple(w.shape), w.dtype, False)].append(w)
     for w in float32_out:
         groups[(tuple(w.shape), w.dtype, True)].append(w)
     rows = sorted(set(rows))
