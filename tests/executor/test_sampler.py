@@ -53,12 +53,13 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
     assert alone[0] == mixed[0]
 
 
-def test_sampling_follows_the_distribution():
+@pytest.mark.parametrize("backend", ["auto", "torch"])  # CPU logits: inverse CDF, and the Gumbel race reference
+def test_sampling_follows_the_distribution(backend):
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2] + [1e-9] * (V - 3)))
     n = 4000
     params = [SamplingParams(temperature=1.0)] * n
     t = build(params, seeds=list(range(n)))
-    ids = Sampler()(logits.expand(n, V).clone(), t).token_ids
+    ids = Sampler(backend)(logits.expand(n, V).clone(), t).token_ids
     freq = torch.bincount(ids, minlength=V)[:3].float() / n
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
 
