@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 # On the CPU, without kv_cache_memory, the KV cache holds max_num_seqs full-length sequences up to this many
 # bytes (and always one full-length sequence): a laptop should not hold gigabytes for a small model.
-_CPU_KV_CAP = 1 << 30
+_CPU_KV_CAP = 512 << 20
 
 
 class ModelRunner:

@@ -83,16 +83,18 @@ def resume_output(path: str) -> set[str]:
     without one was cut short (the job was killed while writing it): it is removed, and its request runs again."""
     if not os.path.exists(path):
         return set()
-    with open(path, "rb+") as f:
-        data = f.read()
-        whole = data.rfind(b"\n") + 1
-        f.truncate(whole)
     done: set[str] = set()
-    for line in data[:whole].splitlines():
-        try:
-            done.add(json.loads(line)["custom_id"])
-        except (ValueError, KeyError, TypeError):
-            continue  # not one of ours: left as it is
+    with open(path, "rb+") as f:
+        whole = 0  # bytes of whole lines
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            whole += len(line)
+            try:
+                done.add(json.loads(line)["custom_id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not one of ours: left as it is
+        f.truncate(whole)
     return done
 
 
