@@ -298,14 +298,17 @@ def sample_tokens_cpu(
     x = logits.float()
     greedy = x.argmax(dim=-1)
     inv_t = 1.0 / torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    probs = torch.softmax(x * inv_t[:, None], dim=-1)
+    probs = torch.softmax(x.nan_to_num(nan=float("-inf")) * inv_t[:, None], dim=-1)  # NaN never drawn
     if thresholds is not None:  # (a product with the mask: much faster on the CPU than masked_fill / where)
         probs = probs.mul_(x >= thresholds[:, None])
     cdf = probs.cumsum_(dim=-1)
     # u in (0, 1), so 0 < target <= the kept mass: the first token whose cumulative mass reaches the target
     # adds mass, i.e. is kept (each row's maximum always is).
     u = uniform_noise(seeds, counters, 1)
-    drawn = torch.searchsorted(cdf, (u * cdf[:, -1:]).float()).squeeze(1)
+    total = cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, (u * total).float()).squeeze(1).clamp_(max=x.shape[1] - 1)
+    # a row with nothing to draw from (all -inf, every token masked, +inf logits) takes the argmax
+    drawn = torch.where((total[:, 0] > 0) & torch.isfinite(total[:, 0]), drawn, greedy)
     return torch.where(temperature > 0, drawn, greedy)
 
 
