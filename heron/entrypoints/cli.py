@@ -1,4 +1,4 @@
-"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron --version`.
+"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron run-batch`, `heron --version`.
 
 Each subcommand lives beside the code it drives and registers itself here through `register(subparsers)`,
 setting `func` on its parser."""
@@ -40,6 +40,7 @@ def _generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from heron.bench import cli as bench_cli
     from heron.entrypoints.openai import cli as serve_cli
+    from heron.entrypoints.openai import run_batch
 
     parser = argparse.ArgumentParser(prog="heron", description="Heron: LLM inference engine and server")
     parser.add_argument("--version", action="version", version=f"heron {__version__}")
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.register(sub)
     _register_generate(sub)
     bench_cli.register(sub)
+    run_batch.register(sub)
     return parser
 
 

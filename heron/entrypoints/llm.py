@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import replace
 
@@ -16,6 +17,8 @@ from heron.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int]
 Message = dict[str, object]
+# One request for LLM.stream: a prompt, its sampling parameters and whether to add special tokens to a text one.
+StreamItem = tuple[Prompt, SamplingParams, bool]
 
 
 class LLM:
@@ -101,8 +104,78 @@ class LLM:
         priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt is a string or a
-        list of token ids."""
+        list of token ids. `prompts` may also be any other iterable (a generator over a big file): it is
+        read as the engine makes room (`generate_iter`), never held whole."""
+        if not isinstance(prompts, (str, list, tuple)):
+            bar = tqdm(desc="Processed prompts", disable=not use_tqdm)
+            return [bar.update(1) or out for out in self.generate_iter(prompts, sampling_params)]
         return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
+
+    def generate_iter(
+        self,
+        prompts: Iterable[Prompt],
+        sampling_params: SamplingParams | Iterable[SamplingParams] | None = None,
+        ordered: bool = True,
+        window: int | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Yield each prompt's final output as it finishes (in input order when `ordered`), reading `prompts`
+        (and `sampling_params`, if an iterable) only as the engine makes room: at most `window` requests
+        (default 4 x max_num_seqs) are in the engine or held for ordering at once, so memory is bounded
+        however long the input. A prompt the engine refuses raises its ValueError; the others are aborted."""
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = itertools.repeat(sampling_params or self.get_default_sampling_params())
+        items = ((prompt, p, True) for prompt, p in zip(prompts, sampling_params))
+        for _, out in self.stream(items, ordered, window):
+            if isinstance(out, ValueError):
+                raise out
+            yield out
+
+    def stream(
+        self, items: Iterable[StreamItem], ordered: bool = True, window: int | None = None
+    ) -> Iterator[tuple[int, RequestOutput | ValueError]]:
+        """The driver of `generate_iter` and `heron run-batch`: (input position, final output) for every
+        item, or the ValueError that refused it (the others go on). Every step of the engine costs the
+        same however many items are still to come: the input is read `window` at a time."""
+        window = window or 4 * self.engine.config.scheduler.max_num_seqs
+        items = iter(items)
+        ids: dict[str, int] = {}  # request id in the engine -> its input position
+        held: dict[int, RequestOutput | ValueError] = {}  # finished, waiting for an earlier one (ordered)
+        next_out = 0  # ordered: the position to yield next
+        position = 0
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(ids) + len(held) < window:
+                    item = next(items, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    prompt, params, special = item
+                    rid = str(next(self._ids))
+                    try:
+                        params.verify_vocab(self.engine.model_cfg.vocab_size)
+                        params = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+                        self.engine.add_request(rid, prompt, params, add_special_tokens=special)
+                        ids[rid] = position
+                    except ValueError as e:
+                        held[position] = e
+                    position += 1
+                if not ids and not held:
+                    return
+                if ids:
+                    for out in self.engine.step():
+                        if out.finished:
+                            held[ids.pop(out.request_id)] = out
+                if ordered:
+                    while next_out in held:
+                        yield next_out, held.pop(next_out)
+                        next_out += 1
+                else:
+                    for k in list(held):
+                        yield k, held.pop(k)
+        finally:  # a consumer that stops early, or an exception, must not leave requests holding blocks
+            for rid in ids:
+                self.engine.abort(rid)
 
     def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool):
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):

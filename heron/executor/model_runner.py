@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_CPU_KV_DEFAULT = 2 << 30  # bytes of KV cache on CPU when not told otherwise
+# On the CPU, without kv_cache_memory, the KV cache holds max_num_seqs full-length sequences up to this many
+# bytes (and always one full-length sequence): a laptop should not hold gigabytes for a small model.
+_CPU_KV_CAP = 512 << 20
 
 
 class ModelRunner:
@@ -146,13 +148,16 @@ class ModelRunner:
         return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.dtype.itemsize
 
     def num_blocks_for_budget(self) -> int:
-        """How many blocks the KV budget holds: an explicit `kv_cache_memory`, else on CPU a fixed
-        default and on GPU what `gpu_memory_utilization` leaves after profiling the largest step."""
+        """How many blocks the KV budget holds: an explicit `kv_cache_memory`, else on CPU what
+        max_num_seqs sequences of max_model_len tokens take (capped) and on GPU what
+        `gpu_memory_utilization` leaves after profiling the largest step."""
         cache = self.config.cache
         if cache.kv_cache_memory is not None:
             budget = cache.kv_cache_memory
         elif self.device.type == "cpu":
-            budget = _CPU_KV_DEFAULT
+            sched = self.config.scheduler
+            per_seq = -(-sched.max_model_len // self.block_size) * self.bytes_per_block
+            budget = max(per_seq, min(per_seq * sched.max_num_seqs, _CPU_KV_CAP))
         else:
             budget = self._profile_free_memory()
         return int(budget // self.bytes_per_block)

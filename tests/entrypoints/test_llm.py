@@ -219,3 +219,25 @@ def test_corrupt_weight_file_is_named(tmp_path, tiny_model_dir):
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ValueError, match="model.safetensors"):
         LLM(str(path), kv_cache_memory=16 << 20)
+
+
+def test_generate_iter_reads_a_generator_a_window_at_a_time(embedded_llm):
+    read = []
+
+    def prompts():
+        for i in range(12):
+            read.append(i)
+            yield [1 + i, 2, 3]
+
+    p = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    want = embedded_llm.generate([[1 + i, 2, 3] for i in range(12)], p, use_tqdm=False)
+    it = embedded_llm.generate_iter(prompts(), p, window=4)
+    first = next(it)
+    assert len(read) <= 5  # the window, and the one read that found it full
+    got = [first, *it]
+    assert [o.prompt_token_ids for o in got] == [o.prompt_token_ids for o in want]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [o.outputs[0].token_ids for o in embedded_llm.generate(iter([[1, 2, 3]]), p, use_tqdm=False)] == [
+        want[0].outputs[0].token_ids
+    ]
+    assert not embedded_llm.engine.has_unfinished()

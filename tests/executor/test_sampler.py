@@ -53,12 +53,13 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
     assert alone[0] == mixed[0]
 
 
-def test_sampling_follows_the_distribution():
+@pytest.mark.parametrize("backend", ["auto", "torch"])  # CPU logits: inverse CDF, and the Gumbel race reference
+def test_sampling_follows_the_distribution(backend):
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2] + [1e-9] * (V - 3)))
     n = 4000
     params = [SamplingParams(temperature=1.0)] * n
     t = build(params, seeds=list(range(n)))
-    ids = Sampler()(logits.expand(n, V).clone(), t).token_ids
+    ids = Sampler(backend)(logits.expand(n, V).clone(), t).token_ids
     freq = torch.bincount(ids, minlength=V)[:3].float() / n
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
 
@@ -172,3 +173,18 @@ def test_topk_values_in_two_rounds():
     x[1, 100:200] = 5.0  # ties
     for k in (1, 7, 300):
         assert torch.equal(topk_values(x, k, chunk=1000), x.topk(k).values)
+
+
+def test_cpu_draw_never_takes_nan_or_masked_tokens_nor_leaves_the_vocabulary():
+    from heron.executor.sampler import sample_tokens_cpu
+
+    x = torch.randn(4, V)
+    x[0] = float("-inf")  # nothing to draw from: the argmax
+    x[1, 3] = float("nan")
+    x[2, 4] = float("inf")
+    thr = torch.full((4,), -1e9)
+    thr[3] = 1e9  # every token masked: the argmax
+    for step in range(20):
+        out = sample_tokens_cpu(x, torch.ones(4), thr, torch.arange(4), torch.full((4,), step))
+        assert ((out >= 0) & (out < V)).all()
+        assert out[1] != 3 and out[2] == 4 and out[3] == x[3].argmax()
