@@ -35,6 +35,7 @@ from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.errors import ApiError, api_error
+from heron.entrypoints.openai.field_policy import refusal
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from heron.entrypoints.openai.protocol import (
@@ -95,6 +96,7 @@ class ServerState:
             admission=self.admission,
             limits=self.limits,
             log_requests=self.args.enable_log_requests,
+            scheduling_policy=self.args.scheduling_policy,
         )
         self.completion = OpenAIServingCompletion(**common)
         self.chat = OpenAIServingChat(**common)
@@ -150,6 +152,17 @@ async def health(raw: Request) -> Response:
     return Response(status_code=200)
 
 
+@router.api_route(
+    "/ping",
+    methods=["GET", "POST"],
+    response_class=Response,
+    responses={200: {"content": None}, 503: {"model": ErrorResponse}},
+)
+async def ping(raw: Request) -> Response:
+    """/health under SageMaker's name (its probes GET or POST /ping)."""
+    return await health(raw)
+
+
 @router.get("/version")
 async def version() -> VersionResponse:
     return VersionResponse(version=__version__)
@@ -169,6 +182,15 @@ async def list_models(raw: Request) -> ModelList:
             ModelCard(id=name, created=s.created, max_model_len=s.engine.max_model_len) for name in s.served_model_names
         ]
     )
+
+
+@router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
+async def retrieve_model(model_id: str, raw: Request) -> ModelCard:
+    """One served model; 404 in OpenAI's format for a name this server does not serve."""
+    s = _ready(raw)
+    if model_id not in s.served_model_names:
+        raise ApiError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+    return ModelCard(id=model_id, created=s.created, max_model_len=s.engine.max_model_len)
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
@@ -243,6 +265,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`);
         # text that is not Unicode says all.
         errors = e.errors()
+        if extra := [x for x in errors if x["type"] == "extra_forbidden"]:
+            loc = tuple(extra[0]["loc"])
+            parent = _validation_param(loc[:-1])
+            return ApiError(400, refusal(loc[-1]), param=f"{parent}.{loc[-1]}" if parent else loc[-1]).response()
         unicode = [x for x in errors if x["type"] == "string_unicode"]
         err = unicode[0] if unicode else max(errors, key=lambda x: len(x["loc"]))
         if err["type"] == "json_invalid":
