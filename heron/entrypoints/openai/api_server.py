@@ -321,15 +321,20 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
                 return
             loop.call_soon_threadsafe(state.attach, engine)
 
-        logger.info("Loading model %s", args.model or f"{EMBEDDED_NAME} (embedded)")
+        logger.info(
+            "Loading model %s in the engine process: reading its weights, then sizing the KV cache (and capturing "
+            "CUDA graphs on a GPU); /health answers 503 until it is ready",
+            args.model or f"{EMBEDDED_NAME} (embedded)",
+        )
         # A daemon thread, not the default executor: a server told to stop while loading need not wait.
         state.loader = threading.Thread(target=load, name="heron-load", daemon=True)
         state.loader.start()
-        stats = asyncio.create_task(_log_stats(state))
+        stats = None if args.disable_log_stats else asyncio.create_task(_log_stats(state))
         try:
             yield
         finally:
-            stats.cancel()
+            if stats is not None:
+                stats.cancel()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.shutdown)
 
@@ -372,6 +377,23 @@ async def _log_stats(state: ServerState) -> None:
         await asyncio.sleep(STATS_INTERVAL_S)
         if state.engine is not None:
             stat_logger.log(state.engine.get_stats())
+
+
+class _QuietStartupProbes(logging.Filter):
+    """Drops the access lines of /health and /ping while the model loads: a supervisor probing every second
+    would otherwise bury the start-up log under 503s."""
+
+    PROBES = ("/health", "/ping")
+
+    def __init__(self, state: ServerState) -> None:
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access record: (client, method, path, http version, status)
+        args = record.args
+        probe = isinstance(args, tuple) and len(args) >= 3 and args[2] in self.PROBES
+        return not (probe and self.state.engine is None)
 
 
 class _Server(uvicorn.Server):
@@ -427,6 +449,7 @@ def run_server(args: argparse.Namespace) -> int:
         ),
         state,
     )
+    logging.getLogger("uvicorn.access").addFilter(_QuietStartupProbes(state))
     exit_code = 0
 
     def stop(code: int) -> None:
@@ -443,3 +466,10 @@ def run_server(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(code)
     return code
+
+
+if __name__ == "__main__":
+    # `python -m heron.entrypoints.openai.api_server --model ...`, as vLLM's module is run: `heron serve`.
+    from heron.entrypoints.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))
