@@ -39,7 +39,6 @@ from heron.entrypoints.openai.field_policy import refusal
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from heron.entrypoints.openai.protocol import (
-    REQUEST_FIELDS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -52,11 +51,14 @@ from heron.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
+    request_fields,
 )
+from heron.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from heron.entrypoints.openai.server_config import api_keys, engine_cpu_threads, serve_engine_config
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from heron.entrypoints.openai.serving_engine import ClientDisconnected
+from heron.entrypoints.openai.serving_responses import OpenAIServingResponses
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from heron.metrics import ServerMetrics, StatLogger
 from heron.models.loader import EMBEDDED_NAME
@@ -83,6 +85,7 @@ class ServerState:
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
     tokenization: OpenAIServingTokenization | None = None
+    responses: OpenAIServingResponses | None = None
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -101,6 +104,7 @@ class ServerState:
         self.completion = OpenAIServingCompletion(**common)
         self.chat = OpenAIServingChat(**common)
         self.tokenization = OpenAIServingTokenization(**common)
+        self.responses = OpenAIServingResponses(**common)
         self.engine = engine
         loop = asyncio.get_running_loop()
         engine.on_dead(lambda error: loop.call_soon_threadsafe(self._engine_died, error))
@@ -208,6 +212,12 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
     return await _ready(raw).chat.create(body, raw)
 
 
+@router.post("/v1/responses", response_model=ResponseObject, responses=_ERRORS)
+async def create_response(body: ResponsesRequest, raw: Request):
+    """OpenAI's Responses API (text in, text out, nothing stored); with `stream`, its typed events."""
+    return await _ready(raw).responses.create(body, raw)
+
+
 @router.post("/tokenize", responses=_ERRORS)
 async def tokenize(body: TokenizeRequest, raw: Request) -> TokenizeResponse:
     return await _ready(raw).tokenization.tokenize(body)
@@ -230,6 +240,9 @@ async def swagger_ui() -> HTMLResponse:
     )
 
 
+_REQUEST_FIELDS = request_fields()
+
+
 def _validation_param(loc: tuple) -> str | None:
     """pydantic's error location as OpenAI writes `param` (`messages.[0].role`): field names and list
     indices, up to the first union-member tag pydantic inserts (`str`, `list[int]`) or dict key."""
@@ -237,7 +250,7 @@ def _validation_param(loc: tuple) -> str | None:
     for x in loc[1:]:  # loc[0] is "body"
         if isinstance(x, int):
             parts.append(f"[{x}]")
-        elif x in REQUEST_FIELDS:
+        elif x in _REQUEST_FIELDS:
             parts.append(x)
         else:
             break

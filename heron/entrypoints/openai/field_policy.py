@@ -58,6 +58,15 @@ NOT_SUPPORTED: dict[str, str] = {
     "cache_salt": "not supported: the prefix cache is shared by all requests",
     "kv_transfer_params": "not supported: Heron has no disaggregated prefill",
     "vllm_xargs": "not supported",
+    # The Responses API's.
+    "previous_response_id": "not supported: Heron keeps no responses; send the conversation in `input`",
+    "conversation": "not supported: Heron keeps no conversations; send the conversation in `input`",
+    "background": "not supported: a response is answered within its request",
+    "include": "not supported: a response carries its output text and usage only",
+    "max_tool_calls": _YET,
+    "reasoning": "not supported: Heron has no reasoning parser",
+    "truncation": "not supported: an input longer than max_model_len is a 400, never cut",
+    "context_management": "not supported: Heron keeps no conversations",
 }
 
 

@@ -387,4 +387,7 @@ def _field_names(model: type[BaseModel]) -> set[str]:
     return set(model.model_fields).union(*(_field_names(m) for m in model.__subclasses__()))
 
 
-REQUEST_FIELDS = frozenset(_field_names(RequestModel))  # every field of every request body
+def request_fields() -> frozenset[str]:
+    """Every field of every request body, of the request models defined so far (protocol_responses.py's
+    too once imported)."""
+    return frozenset(_field_names(RequestModel))

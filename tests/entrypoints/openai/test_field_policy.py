@@ -9,14 +9,16 @@ import httpx
 import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params
 
 from heron.entrypoints.openai.field_policy import NOT_SUPPORTED
 from heron.entrypoints.openai.protocol import (
-    REQUEST_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
     IgnoredFields,
+    request_fields,
 )
+from heron.entrypoints.openai.protocol_responses import ResponsesRequest
 from tests.entrypoints.openai.remote_server import API_KEY, MODEL
 from tests.entrypoints.openai.vllm_fields import CHAT_EXTRA, COMPLETION_EXTRA
 
@@ -34,6 +36,11 @@ SCHEMAS = {
         CompletionRequest,
         {"model": MODEL, "prompt": "Hi", "max_tokens": 1},
         set(typing.get_type_hints(completion_create_params.CompletionCreateParamsBase)) | set(COMPLETION_EXTRA),
+    ),
+    "/v1/responses": (
+        ResponsesRequest,
+        {"model": MODEL, "input": "Hi", "max_output_tokens": 1},
+        set(typing.get_type_hints(response_create_params.ResponseCreateParamsBase)),
     ),
 }
 
@@ -62,7 +69,7 @@ def test_every_field_is_implemented_or_refused(server, path):
 def test_refusal_table_holds_only_undeclared_fields():
     # A field leaves NOT_SUPPORTED when a request model declares it (at the merge of the branch that
     # implements it); both at once would make its refusal dead text.
-    assert not set(NOT_SUPPORTED) & REQUEST_FIELDS
+    assert not set(NOT_SUPPORTED) & request_fields()
 
 
 def test_unknown_fields_nulls_and_ignored_ones(server):
