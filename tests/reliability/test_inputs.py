@@ -43,6 +43,18 @@ CROSS_FIELD = re.compile(
             r"top_logprobs requires logprobs",
             r"Give either prompt or messages",
             r"sequences: at most \d+ per request",
+            # rules of the server's flags and of what Heron keeps (field_policy, serving_*.py)
+            r"but the server schedules first come, first served",
+            r"store=true is not supported",
+            r"best_of \(\d+\) must be at least n",
+            r"best_of is not supported with stream",
+            r"prompt_logprobs is not available with stream",
+            r"continue_final_message and add_generation_prompt cannot both be true",
+            r"chat_template_kwargs may not set",
+            r"The chat template rejected the messages",
+            r"text.format \w+ is not supported yet",
+            r"top_logprobs is not supported yet",
+            r"a stored prompt template\) is not supported",
         ]
     )
 )
