@@ -158,8 +158,8 @@ def _numeric_fields(spec: dict) -> list[tuple[str, str, dict]]:
                     found.append((path, field, member))
                 elif member.get("type") == "array" and member["items"].get("type") == "integer":
                     found.append((path, field, member["items"]))
-                elif member.get("type") == "object" and member.get("additionalProperties", {}).get("type") == "number":
-                    found.append((path, field, member["additionalProperties"]))  # logit_bias
+                elif isinstance(values := member.get("additionalProperties"), dict) and values.get("type") == "number":
+                    found.append((path, field, values))  # logit_bias (chat_template_kwargs: any value)
     return found
 
 

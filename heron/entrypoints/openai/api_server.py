@@ -156,14 +156,11 @@ async def health(raw: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.api_route(
-    "/ping",
-    methods=["GET", "POST"],
-    response_class=Response,
-    responses={200: {"content": None}, 503: {"model": ErrorResponse}},
-)
+@router.get("/ping", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
+# SageMaker probes with POST; it takes no body, so the schema lists the GET only (a fuzzer has nothing to send).
+@router.post("/ping", response_class=Response, include_in_schema=False)
 async def ping(raw: Request) -> Response:
-    """/health under SageMaker's name (its probes GET or POST /ping)."""
+    """/health under SageMaker's name."""
     return await health(raw)
 
 
@@ -181,11 +178,7 @@ async def metrics(raw: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(raw: Request) -> ModelList:
     s = _ready(raw)
-    return ModelList(
-        data=[
-            ModelCard(id=name, created=s.created, max_model_len=s.engine.max_model_len) for name in s.served_model_names
-        ]
-    )
+    return ModelList(data=[_card(s, name) for name in s.served_model_names])
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
@@ -194,7 +187,13 @@ async def retrieve_model(model_id: str, raw: Request) -> ModelCard:
     s = _ready(raw)
     if model_id not in s.served_model_names:
         raise ApiError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    return ModelCard(id=model_id, created=s.created, max_model_len=s.engine.max_model_len)
+    return _card(s, model_id)
+
+
+def _card(s: ServerState, name: str) -> ModelCard:
+    # root: the model behind the name, for clients (heron bench serve) that need its tokenizer
+    root = s.args.model or EMBEDDED_NAME
+    return ModelCard(id=name, created=s.created, root=root, max_model_len=s.engine.max_model_len)
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}

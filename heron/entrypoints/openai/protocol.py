@@ -345,6 +345,7 @@ class ModelCard(OpenAIBaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "heron"
+    root: str | None = Field(None, description="The model served under this name: its folder or hub id (vLLM's).")
     max_model_len: int
 
 

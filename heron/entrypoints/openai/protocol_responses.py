@@ -4,7 +4,7 @@ response object as the openai SDK parses it. Fields Heron does not take are refu
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -47,7 +47,7 @@ class ResponsesStreamOptions(RequestModel):
 
 class ResponsesRequest(IgnoredFields):
     model: str | None = None
-    input: str | list[InputMessage] = Field(min_length=1)
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputMessage], Field(min_length=1)]
     instructions: str | None = Field(None, description="A system message put before the input.")
     max_output_tokens: ranged("max_tokens") | None = None
     temperature: ranged("temperature") | None = None

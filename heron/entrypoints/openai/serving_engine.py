@@ -216,6 +216,9 @@ class OpenAIServing:
         self._check_policy_fields(req)
         n = req.n
         if req.best_of is not None:
+            if req.best_of > self.limits.max_n:
+                why = f"best_of must be at most {self.limits.max_n} on this server, got {req.best_of}."
+                raise ApiError(400, why, param="best_of")
             if req.best_of < req.n:
                 raise ApiError(400, f"best_of ({req.best_of}) must be at least n ({req.n}).", param="best_of")
             if req.stream and req.best_of > req.n:
@@ -224,6 +227,7 @@ class OpenAIServing:
                 )
             # Candidates are ranked by their cumulative logprob, which the engine keeps when logprobs are asked.
             n, logprobs = req.best_of, 0 if logprobs is None else logprobs
+            renames = {**(renames or {}), "n": "best_of"}
         if req.prompt_logprobs is not None:
             if req.stream:
                 raise ApiError(400, "prompt_logprobs is not available with stream.", param="prompt_logprobs")

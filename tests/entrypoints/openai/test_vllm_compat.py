@@ -133,7 +133,8 @@ def test_continuous_usage_stats(client):
 
 
 def test_models_by_id_and_ping(server, client):
-    assert client.models.retrieve(MODEL).id == MODEL
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.model_extra["root"] == "SmolLM2-135M-Instruct"  # the model behind the name
     missing = httpx.get(f"{server.url}/v1/models/nope", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
