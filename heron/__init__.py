@@ -1,8 +1,23 @@
-"""Heron: a high-throughput LLM inference engine with an OpenAI-compatible server."""
+"""Heron: a high-throughput LLM inference engine with an OpenAI-compatible server.
 
-from heron.entrypoints.llm import LLM
-from heron.outputs import CompletionOutput, RequestOutput
-from heron.sampling_params import SamplingParams
+The public names are imported when first used (PEP 562), so that `heron --help` and other light commands
+do not pay for torch."""
+
 from heron.version import __version__
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+_LAZY = {
+    "LLM": "heron.entrypoints.llm",
+    "SamplingParams": "heron.sampling_params",
+    "RequestOutput": "heron.outputs",
+    "CompletionOutput": "heron.outputs",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'heron' has no attribute {name!r}")

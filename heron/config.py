@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -62,12 +63,22 @@ class ModelConfig:
     # "fp8": quantize a 16/32-bit checkpoint's projections to FP8 while loading (heron/models/quantization.py);
     # None: as the checkpoint is (its config.json's quantization_config, if any)
     quantization: str | None = None
+    # Default sampling parameters: "auto" the model's generation_config.json, "vllm" none (SamplingParams'
+    # defaults), or a folder holding a generation_config.json.
+    generation_config: str = "auto"
 
     def verify(self) -> None:
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
         if self.quantization not in (None, "fp8"):
             raise ValueError(f"quantization must be 'fp8' or None, got {self.quantization!r}.")
+        if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
+            os.path.join(self.generation_config, "generation_config.json")
+        ):
+            raise ValueError(
+                f"generation_config must be 'auto', 'vllm' or a folder holding generation_config.json, "
+                f"got {self.generation_config!r}."
+            )
 
 
 @dataclass

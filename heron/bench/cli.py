@@ -35,7 +35,7 @@ def register(subparsers) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_cli_args(parser)
-        parser.set_defaults(func=module.main)
+        parser.set_defaults(func=module.main, command_parser=parser)
     bench.set_defaults(func=lambda args: bench.print_help() or 0)
 
 

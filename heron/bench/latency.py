@@ -23,7 +23,6 @@ from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_sl
 from heron.bench.datasets import random_token_requests
 from heron.bench.gpu_monitor import maybe_monitor
 from heron.bench.report import finish, format_table
-from heron.config import SchedulerConfig
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +60,8 @@ def fill_workload_defaults(args: argparse.Namespace) -> None:
     if args.num_iters < 1:
         raise ValueError(f"--num-iters must be at least 1, got {args.num_iters}.")
     if args.max_num_seqs is None:
+        from heron.config import SchedulerConfig  # torch: not at the top, which `heron --help` imports
+
         args.max_num_seqs = 8 if args.prefill else SchedulerConfig.max_num_seqs
     if args.input_len is None:
         args.input_len = 2048 if args.prefill else 128

@@ -15,16 +15,20 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from heron.bench.gpu_monitor import GpuMonitor, format_summary
+
+if TYPE_CHECKING:
+    import torch
 
 RESULTS_DIR = "benchmarks/results"
 RESULT_KEYS = ("name", "date", "gpu", "commit", "command", "metrics")
 
 
 def device_name(device: torch.device | str) -> str:
+    import torch  # not at the top: `heron --help` imports this module and must not wait for torch
+
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 

@@ -376,8 +376,9 @@ async def run_at_rate(
     return list(results), duration
 
 
-async def served_model(session, base_url: str, api_key: str | None) -> str:
-    """The first model of GET /v1/models: what --model defaults to."""
+async def served_models(session, base_url: str, api_key: str | None) -> dict[str, str | None]:
+    """GET /v1/models: each served name -> the model behind it (`root`, its folder or hub id, as vLLM and Heron
+    report it), in the server's order; the first is what --model defaults to."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with session.get(api_url(base_url, "/v1/models"), headers=headers) as resp:
         text = await resp.text()
@@ -386,7 +387,7 @@ async def served_model(session, base_url: str, api_key: str | None) -> str:
         models = json.loads(text).get("data") or []
     if not models:
         raise RuntimeError("the server lists no model; pass --model.")
-    return models[0]["id"]
+    return {m["id"]: m.get("root") for m in models}
 
 
 async def benchmark(args: argparse.Namespace) -> int:
@@ -400,7 +401,13 @@ async def benchmark(args: argparse.Namespace) -> int:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=True) as session:
         try:
-            model = args.model or await served_model(session, args.base_url, args.api_key)
+            try:
+                models = await served_models(session, args.base_url, args.api_key)
+            except RuntimeError:
+                if args.model is None:
+                    raise
+                models = {}  # the requests will say what is wrong
+            model = args.model or next(iter(models))
         except (aiohttp.ClientError, OSError) as e:
             print(f"error: cannot reach {args.base_url}: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
@@ -408,7 +415,8 @@ async def benchmark(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         offline = offline_throughput(args.offline_result) if args.offline_result else None
-        tokenizer = load_tokenizer(args.tokenizer, model)
+        # The tokenizer of the model behind the name: --served-model-name may hide its folder.
+        tokenizer = load_tokenizer(args.tokenizer, models.get(model) or model)
         requests = load_workload(args, tokenizer)
         client = Client(
             session, args.base_url, args.endpoint, model, args.api_key, args.ignore_eos, args.temperature, tokenizer

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import sys
 import time
 
 from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
@@ -31,6 +32,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--output-len-range", type=parse_range, default=(100, 1024), metavar="LOW,HIGH")
     w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are uniform in [0, this]")
     w.add_argument("--temperature", type=float, default=0.6)
+    w.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     b = parser.add_argument_group("baselines")
     b.add_argument("--hf-baseline", action="store_true", help="also time transformers generate on the same requests")
     b.add_argument("--hf-batch-size", type=int, default=None, help="static batch size (default: --batch-size)")
@@ -54,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[float, int]:
+def time_heron(llm, requests: list[BenchRequest], temperature: float, progress: bool = False) -> tuple[float, int]:
     """(seconds, output tokens) of one `generate` call over the requests, after a warm-up request."""
     from heron.sampling_params import SamplingParams
 
@@ -63,7 +65,7 @@ def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[f
     _sync(llm)
     start = time.perf_counter()
     outs = llm.generate(
-        [r.prompt_token_ids for r in requests], [params(r.output_len) for r in requests], use_tqdm=False
+        [r.prompt_token_ids for r in requests], [params(r.output_len) for r in requests], use_tqdm=progress
     )
     _sync(llm)
     seconds = time.perf_counter() - start
@@ -72,6 +74,21 @@ def time_heron(llm, requests: list[BenchRequest], temperature: float) -> tuple[f
     if got != want:
         raise RuntimeError(f"Heron generated {got} output tokens, the workload asks for {want}.")
     return seconds, got
+
+
+CPU_TOKENS_HINT = 50_000  # tokens (prompt + output) past which the default workload takes hours on a CPU
+
+
+def _cpu_hint(requests: list[BenchRequest]) -> None:
+    """The default workload is sized for a GPU; on a CPU, say so before hours go by."""
+    tokens = sum(len(r.prompt_token_ids) + r.output_len for r in requests)
+    if tokens > CPU_TOKENS_HINT:
+        print(
+            f"hint: this workload is {tokens:,} tokens, sized for a GPU; on the CPU it can take hours. A quick run: "
+            "--num-prompts 16 --input-len-range 32,128 --output-len-range 32,128",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _sync(llm) -> None:
@@ -93,6 +110,8 @@ def run(args: argparse.Namespace) -> dict:
     )
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        _cpu_hint(requests)
     # The machine's rates first, while the engine does not yet hold the device's memory.
     bandwidth = copy_bandwidth(device) if args.limit else None
     flop_rate = matmul_rate(device, dtype) if args.limit else None
@@ -103,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
     batch = args.max_num_seqs
     monitor = maybe_monitor(args.gpu_monitor)
     with monitor or contextlib.nullcontext():
-        seconds, out_tokens = time_heron(llm, requests, args.temperature)
+        seconds, out_tokens = time_heron(llm, requests, args.temperature, progress=not args.disable_tqdm)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     print(f"Heron: {out_tokens} output tokens in {seconds:.2f} s = {out_tokens / seconds:,.1f} tokens/s", flush=True)
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)

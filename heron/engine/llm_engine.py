@@ -5,11 +5,13 @@ server's `AsyncLLM` drives it in a process of its own (engine_core.py)."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from heron.config import EngineConfig, resolve_device
@@ -66,10 +68,9 @@ class LLMEngine:
         all_sliding = set(self.model_cfg.layer_types) == {"sliding_attention"}
         self.kv_window = self.model_cfg.sliding_window if all_sliding else None
         self.eos_token_ids = _eos_ids(source.generation_config, self.model_cfg, self.tokenizer)
+        gen = _default_sampling_config(config.model.generation_config, source.generation_config)
         self.generation_defaults = {
-            k: source.generation_config[k]
-            for k in ("temperature", "top_p", "top_k", "repetition_penalty")
-            if k in source.generation_config
+            k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen
         }
 
         # Tensor parallelism: this process is rank 0; the workers join it before any layer is built.
@@ -366,6 +367,15 @@ class LLMEngine:
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits
         return s
+
+
+def _default_sampling_config(choice: str, model_generation_config: dict) -> dict:
+    """The generation config that gives requests their default sampling parameters (--generation-config)."""
+    if choice == "auto":
+        return model_generation_config
+    if choice == "vllm":
+        return {}
+    return json.loads((Path(choice) / "generation_config.json").read_text())
 
 
 def _eos_ids(generation_config: dict, cfg: TransformerConfig, tokenizer) -> tuple[int, ...]:

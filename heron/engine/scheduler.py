@@ -160,7 +160,8 @@ class Scheduler:
         while budget > 0 and not self.swap.queue and (seq := self.waiting.first()) is not None:
             if seats < seq.num_samples:
                 break
-            cached = self.bm.find_cached(seq)
+            # A prompt's logprobs come from computing it: one that asks for them reads nothing from the cache.
+            cached = [] if seq.request.needs_prompt_logprobs else self.bm.find_cached(seq)
             n = min(seq.num_uncomputed_tokens - len(cached) * self.bm.block_size, budget)
             copies = self.bm.allocate(seq, n, cached)
             if copies is None:

@@ -1,4 +1,5 @@
-"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron run-batch`, `heron --version`.
+"""`heron` command line (also `python -m heron`): `heron serve`, `heron generate`, `heron chat`, `heron bench ...`,
+`heron run-batch`, `heron --version`.
 
 Each subcommand lives beside the code it drives and registers itself here through `register(subparsers)`,
 setting `func` on its parser."""
@@ -20,7 +21,7 @@ def _register_generate(sub) -> None:
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(func=_generate, command_parser=gen)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -55,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said with the usage of the sub-command they were given to, not heron's
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 0

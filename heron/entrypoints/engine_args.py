@@ -4,8 +4,10 @@ the EngineConfig they make."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+if TYPE_CHECKING:
+    from heron.config import EngineConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +88,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="split each layer over this many GPUs (one process per GPU; gloo over CPU processes)",
     )
     g.add_argument(
+        "--generation-config",
+        default="auto",
+        help="default sampling parameters: auto: the model's generation_config.json; vllm: none "
+        "(SamplingParams' defaults); a folder: its generation_config.json",
+    )
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accepted for vLLM's command lines; Heron runs only its own model code, never the model folder's",
+    )
+    g.add_argument(
         "--load-format",
         default="auto",
         choices=["auto", "dummy"],
@@ -103,6 +116,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
     """EngineConfig from the flags of add_engine_args; `model_extra` sets further ModelConfig fields."""
+    from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig  # torch: lazily
+
     return EngineConfig(
         model=ModelConfig(
             model=args.model,
@@ -112,6 +127,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             seed=args.seed,
             load_format=args.load_format,
             quantization=args.quantization,
+            generation_config=args.generation_config,
             **model_extra,
         ),
         cache=CacheConfig(

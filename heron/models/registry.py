@@ -32,5 +32,9 @@ MODELS: dict[str, type[nn.Module]] = {
 
 def get_model_cls(architecture: str) -> type[nn.Module]:
     if architecture not in MODELS:
-        raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(MODELS)}.")
+        raise ValueError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(MODELS)}. (A model whose "
+            "code ships in its folder, `auto_map` in config.json, cannot run either: --trust-remote-code is "
+            "accepted, but Heron runs only its own model code.)"
+        )
     return MODELS[architecture]

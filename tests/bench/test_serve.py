@@ -22,6 +22,7 @@ from heron.bench import serve
 from heron.bench.serve_report import peak_concurrency, summarize
 
 MODEL = "SmolLM2-135M-Instruct"
+MODEL_ALIAS = "smol"
 API_KEY = "bench-key"
 MAX_MODEL_LEN = 1024
 ISSUE_FLAGS = [
@@ -78,6 +79,9 @@ def server():
             str(port),
             "--api-key",
             API_KEY,
+            # a name that hides the folder: the client takes the tokenizer of the model the server reports
+            "--served-model-name",
+            MODEL_ALIAS,
             "--max-model-len",
             str(MAX_MODEL_LEN),
             "--kv-cache-memory-bytes",
@@ -295,7 +299,7 @@ def test_wrong_api_key_fails_every_request_with_the_servers_message(server, tmp_
         "--base-url",
         server,
         "--model",
-        MODEL,
+        MODEL_ALIAS,
         "--api-key",
         "wrong",
         "--dataset-name",

@@ -144,6 +144,17 @@ def test_prefix_cache_hit_skips_computed_tokens():
     assert batch.seqs[0].num_cached_tokens == 8
 
 
+def test_a_request_for_prompt_logprobs_reads_nothing_from_the_cache():
+    # its prompt's logprobs come from computing every prompt token
+    sched = make_scheduler(max_tokens=64)
+    add(sched, "a", prompt_len=10, max_tokens=1)
+    run_all(sched)
+    req = Request("b", None, list(range(1, 11)), SamplingParams(max_tokens=1, prompt_logprobs=0), arrival_time=1)
+    sched.add(req.seqs[0])
+    batch = step(sched)
+    assert batch.num_tokens == [10] and batch.seqs[0].num_cached_tokens == 0
+
+
 def _queue_costs(n: int) -> tuple[float, float, float]:
     """Seconds to add n requests (arrival times in random order), to run 100 steps of 8 one-token requests
     with the rest waiting behind them, and to abort 1,000 waiting requests spread over the queue."""

@@ -51,6 +51,18 @@ CROSS_FIELD = re.compile(
             r"The arguments of tool call",
             r"takes no other output constraint",
             r"parameters are not a usable JSON schema",
+            # rules of the server's flags and of what Heron keeps (field_policy, serving_*.py)
+            r"but the server schedules first come, first served",
+            r"store=true is not supported",
+            r"best_of \(\d+\) must be at least n",
+            r"best_of is not supported with stream",
+            r"prompt_logprobs is not available with stream",
+            r"continue_final_message and add_generation_prompt cannot both be true",
+            r"chat_template_kwargs may not set",
+            r"The chat template rejected the messages",
+            r"text.format \w+ is not supported yet",
+            r"top_logprobs is not supported yet",
+            r"a stored prompt template\) is not supported",
         ]
     )
 )
@@ -154,8 +166,8 @@ def _numeric_fields(spec: dict) -> list[tuple[str, str, dict]]:
                     found.append((path, field, member))
                 elif member.get("type") == "array" and member["items"].get("type") == "integer":
                     found.append((path, field, member["items"]))
-                elif member.get("type") == "object" and member.get("additionalProperties", {}).get("type") == "number":
-                    found.append((path, field, member["additionalProperties"]))  # logit_bias
+                elif isinstance(values := member.get("additionalProperties"), dict) and values.get("type") == "number":
+                    found.append((path, field, values))  # logit_bias (chat_template_kwargs: any value)
     return found
 
 

@@ -36,10 +36,10 @@ from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.errors import ApiError, api_error
+from heron.entrypoints.openai.field_policy import refusal
 from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from heron.entrypoints.openai.protocol import (
-    REQUEST_FIELDS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -52,11 +52,14 @@ from heron.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
+    request_fields,
 )
+from heron.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from heron.entrypoints.openai.server_config import api_keys, engine_cpu_threads, serve_engine_config
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from heron.entrypoints.openai.serving_engine import ClientDisconnected
+from heron.entrypoints.openai.serving_responses import OpenAIServingResponses
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from heron.metrics import ServerMetrics, StatLogger
 from heron.models.loader import EMBEDDED_NAME
@@ -83,6 +86,7 @@ class ServerState:
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
     tokenization: OpenAIServingTokenization | None = None
+    responses: OpenAIServingResponses | None = None
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -96,11 +100,13 @@ class ServerState:
             admission=self.admission,
             limits=self.limits,
             log_requests=self.args.enable_log_requests,
+            scheduling_policy=self.args.scheduling_policy,
         )
         self.completion = OpenAIServingCompletion(**common)
         auto_tools = self.args.tool_call_parser if self.args.enable_auto_tool_choice else None
         self.chat = OpenAIServingChat(**common, tool_call_parser=auto_tools)
         self.tokenization = OpenAIServingTokenization(**common)
+        self.responses = OpenAIServingResponses(**common)
         self.engine = engine
         loop = asyncio.get_running_loop()
         engine.on_dead(lambda error: loop.call_soon_threadsafe(self._engine_died, error))
@@ -152,6 +158,14 @@ async def health(raw: Request) -> Response:
     return Response(status_code=200)
 
 
+@router.get("/ping", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
+# SageMaker probes with POST; it takes no body, so the schema lists the GET only (a fuzzer has nothing to send).
+@router.post("/ping", response_class=Response, include_in_schema=False)
+async def ping(raw: Request) -> Response:
+    """/health under SageMaker's name."""
+    return await health(raw)
+
+
 @router.get("/version")
 async def version() -> VersionResponse:
     return VersionResponse(version=__version__)
@@ -166,11 +180,22 @@ async def metrics(raw: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(raw: Request) -> ModelList:
     s = _ready(raw)
-    return ModelList(
-        data=[
-            ModelCard(id=name, created=s.created, max_model_len=s.engine.max_model_len) for name in s.served_model_names
-        ]
-    )
+    return ModelList(data=[_card(s, name) for name in s.served_model_names])
+
+
+@router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
+async def retrieve_model(model_id: str, raw: Request) -> ModelCard:
+    """One served model; 404 in OpenAI's format for a name this server does not serve."""
+    s = _ready(raw)
+    if model_id not in s.served_model_names:
+        raise ApiError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+    return _card(s, model_id)
+
+
+def _card(s: ServerState, name: str) -> ModelCard:
+    # root: the model behind the name, for clients (heron bench serve) that need its tokenizer
+    root = s.args.model or EMBEDDED_NAME
+    return ModelCard(id=name, created=s.created, root=root, max_model_len=s.engine.max_model_len)
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
@@ -186,6 +211,12 @@ async def create_completion(body: CompletionRequest, raw: Request):
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
     """OpenAI's chat completions; with `stream`, server-sent events of chat.completion.chunk objects."""
     return await _ready(raw).chat.create(body, raw)
+
+
+@router.post("/v1/responses", response_model=ResponseObject, responses=_ERRORS)
+async def create_response(body: ResponsesRequest, raw: Request):
+    """OpenAI's Responses API (text in, text out, nothing stored); with `stream`, its typed events."""
+    return await _ready(raw).responses.create(body, raw)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -228,6 +259,9 @@ async def index() -> HTMLResponse:
     )
 
 
+_REQUEST_FIELDS = request_fields()
+
+
 def _validation_param(loc: tuple) -> str | None:
     """pydantic's error location as OpenAI writes `param` (`messages.[0].role`): field names and list
     indices, up to the first union-member tag pydantic inserts (`str`, `list[int]`) or dict key."""
@@ -235,7 +269,7 @@ def _validation_param(loc: tuple) -> str | None:
     for x in loc[1:]:  # loc[0] is "body"
         if isinstance(x, int):
             parts.append(f"[{x}]")
-        elif x in REQUEST_FIELDS:
+        elif x in _REQUEST_FIELDS:
             parts.append(x)
         else:
             break
@@ -263,6 +297,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`);
         # text that is not Unicode says all.
         errors = e.errors()
+        if extra := [x for x in errors if x["type"] == "extra_forbidden"]:
+            loc = tuple(extra[0]["loc"])
+            parent = _validation_param(loc[:-1])
+            return ApiError(400, refusal(loc[-1]), param=f"{parent}.{loc[-1]}" if parent else loc[-1]).response()
         unicode = [x for x in errors if x["type"] == "string_unicode"]
         err = unicode[0] if unicode else max(errors, key=lambda x: len(x["loc"]))
         if err["type"] == "json_invalid":
@@ -320,15 +358,20 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
                 return
             loop.call_soon_threadsafe(state.attach, engine)
 
-        logger.info("Loading model %s", args.model or f"{EMBEDDED_NAME} (embedded)")
+        logger.info(
+            "Loading model %s in the engine process: reading its weights, then sizing the KV cache (and capturing "
+            "CUDA graphs on a GPU); /health answers 503 until it is ready",
+            args.model or f"{EMBEDDED_NAME} (embedded)",
+        )
         # A daemon thread, not the default executor: a server told to stop while loading need not wait.
         state.loader = threading.Thread(target=load, name="heron-load", daemon=True)
         state.loader.start()
-        stats = asyncio.create_task(_log_stats(state))
+        stats = None if args.disable_log_stats else asyncio.create_task(_log_stats(state))
         try:
             yield
         finally:
-            stats.cancel()
+            if stats is not None:
+                stats.cancel()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.shutdown)
 
@@ -371,6 +414,23 @@ async def _log_stats(state: ServerState) -> None:
         await asyncio.sleep(STATS_INTERVAL_S)
         if state.engine is not None:
             stat_logger.log(state.engine.get_stats())
+
+
+class _QuietStartupProbes(logging.Filter):
+    """Drops the access lines of /health and /ping while the model loads: a supervisor probing every second
+    would otherwise bury the start-up log under 503s."""
+
+    PROBES = ("/health", "/ping")
+
+    def __init__(self, state: ServerState) -> None:
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access record: (client, method, path, http version, status)
+        args = record.args
+        probe = isinstance(args, tuple) and len(args) >= 3 and args[2] in self.PROBES
+        return not (probe and self.state.engine is None)
 
 
 class _Server(uvicorn.Server):
@@ -426,6 +486,7 @@ def run_server(args: argparse.Namespace) -> int:
         ),
         state,
     )
+    logging.getLogger("uvicorn.access").addFilter(_QuietStartupProbes(state))
     exit_code = 0
 
     def stop(code: int) -> None:
@@ -442,3 +503,10 @@ def run_server(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(code)
     return code
+
+
+if __name__ == "__main__":
+    # `python -m heron.entrypoints.openai.api_server --model ...`, as vLLM's module is run: `heron serve`.
+    from heron.entrypoints.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

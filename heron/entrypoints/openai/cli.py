@@ -26,9 +26,10 @@ def register(subparsers) -> None:
         default=None,
         help="HF folder, hub id or .gguf file; none: the embedded SmolLM2-135M-Instruct",
     )
+    p.add_argument("--model", dest="model_option", default=None, help="the model, as a flag (vLLM's older habit)")
     add_server_args(p)
     add_engine_args(p)
-    p.set_defaults(func=_serve)
+    p.set_defaults(func=_serve, command_parser=p)
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -115,6 +116,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="log each request's prompt, parameters and output (never logged otherwise)",
     )
+    g.add_argument(
+        "--disable-log-requests",
+        action="store_false",
+        dest="enable_log_requests",
+        help="do not log requests (the default; vLLM's older flag)",
+    )
+    g.add_argument("--disable-log-stats", action="store_true", help="no periodic engine statistics in the log")
 
 
 def _positive(text: str) -> int:
@@ -124,10 +132,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def resolve_model(args: argparse.Namespace) -> None:
+    """The model comes as the positional argument or as --model, not both."""
+    if args.model_option is not None:
+        if args.model is not None and args.model != args.model_option:
+            args.command_parser.error(f"the model is given twice: {args.model!r} and --model {args.model_option!r}")
+        args.model = args.model_option
+
+
 def _serve(args: argparse.Namespace) -> int:
     from heron.entrypoints.openai.api_server import run_server
 
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise SystemExit("heron serve: --enable-auto-tool-choice requires --tool-call-parser")
 
+    resolve_model(args)
     return run_server(args)

@@ -59,6 +59,10 @@ class RequestLimits:
         models = schema["components"]["schemas"]
         for name in ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest"):
             _set(models[name]["properties"]["model"], enum=model_names)
+        _set(models["ResponsesRequest"]["properties"]["model"], enum=model_names)
+        _set(models["ResponsesRequest"]["properties"]["max_output_tokens"], maximum=self.max_model_len - 1)
+        for param in schema["paths"]["/v1/models/{model_id}"]["get"]["parameters"]:
+            param["schema"]["enum"] = model_names
         text = {"type": "string", "minLength": 1, "maxLength": self.max_prompt_chars}
         token_id = {"type": "integer", "minimum": 0, "maximum": self.vocab_size - 1}
         token_ids = {"type": "array", "items": token_id, "minItems": 1, "maxItems": self.max_model_len - 1}
@@ -69,6 +73,7 @@ class RequestLimits:
             for field in ("seed", "priority"):
                 _set(props[field], minimum=INT64_MIN, maximum=INT64_MAX)
             _set(props["n"], maximum=self.max_n)
+            _set(props["best_of"], maximum=self.max_n)
             _set(props["min_tokens"], maximum=self.max_model_len - 1)
             _set(props["max_tokens"], **max_tokens)
             props["stop_token_ids"]["anyOf"][0]["items"] = token_id

@@ -21,6 +21,7 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
     model_serializer,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -60,9 +61,17 @@ class OpenAIBaseModel(BaseModel):
 
 
 class RequestModel(OpenAIBaseModel):
-    """A request body, or part of one. Strict, so that its checks hold whatever JSON says."""
+    """A request body, or part of one. Strict, so that its checks hold whatever JSON says; a field it does not
+    declare is refused (field_policy.py says why), except as null, which asks for nothing."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(v is None and k not in cls.model_fields for k, v in data.items()):
+            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+        return data
 
     @field_validator("*", mode="after")
     @classmethod
@@ -106,6 +115,19 @@ class ErrorResponse(OpenAIBaseModel):
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="Every chunk carries the usage so far (vLLM's extra).")
+
+
+class IgnoredFields(RequestModel):
+    """OpenAI's fields that change nothing a self-hosted server computes: accepted and ignored (docs/server.md).
+    `store` is refused when true, as nothing is kept."""
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class UsageInfo(OpenAIBaseModel):
@@ -143,7 +165,7 @@ class StructuredOutputsRequest(RequestModel):
     json_object: bool | None = None
 
 
-class SamplingRequest(RequestModel):
+class SamplingRequest(IgnoredFields):
     """Fields that completions and chat share. Unset temperature / top_p / top_k / repetition_penalty fall
     back to the model's generation_config, then to `SamplingParams`' defaults."""
 
@@ -160,7 +182,6 @@ class SamplingRequest(RequestModel):
     stream_options: StreamOptions | None = None
     temperature: ranged("temperature") | None = None
     top_p: ranged("top_p") | None = None
-    user: str | None = None
     # Extras beyond OpenAI's schema, named as in vLLM.
     top_k: ranged("top_k") | None = Field(None, description="Sample from the k most likely tokens; -1 or 0: all.")
     min_p: ranged("min_p") = 0.0
@@ -171,7 +192,13 @@ class SamplingRequest(RequestModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: integer(INT64_MIN, INT64_MAX) = Field(
-        0, description="Lower runs first under --scheduling-policy priority."
+        0, description="Lower runs first under --scheduling-policy priority; not 0 is a 400 under fcfs."
+    )
+    best_of: ranged("n") | None = Field(
+        None, description="Candidates per prompt, of which the n with the highest cumulative logprob are returned."
+    )
+    prompt_logprobs: ranged("prompt_logprobs") | None = Field(
+        None, description="Logprobs of each prompt token and of its k most likely alternatives (not with stream)."
     )
     # Structured outputs (at most one constraint): OpenAI's response_format, vLLM's structured_outputs and its
     # older guided_* fields.
@@ -196,6 +223,7 @@ class CompletionRequest(SamplingRequest):
     )
     max_tokens: ranged("max_tokens") | None = 16
     echo: bool = False
+    add_special_tokens: bool = Field(True, description="Add the tokenizer's special tokens (BOS) to text prompts.")
     logprobs: ranged("logprobs") | None = None
     # Validated as text so that its refusal can say why (serving_completion); the schema admits only null.
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "Not supported."})] = None
@@ -208,11 +236,23 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's Logprob: one token of a prompt position (keyed by its id)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -275,13 +315,27 @@ class ChatCompletionNamedToolChoiceParam(RequestModel):
     function: NamedFunction
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatTemplateFields(RequestModel):
+    """How messages become a prompt, as vLLM's chat requests and /tokenize take them."""
+
+    add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn opening.")
+    continue_final_message: bool = Field(
+        False, description="Leave the last message open, for the model to continue it (not with add_generation_prompt)."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables of the chat template, e.g. Qwen3's enable_thinking."
+    )
+
+
+class ChatCompletionRequest(ChatTemplateFields, SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1)
     tools: list[ChatCompletionToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = Field(
         None, description='Default: "auto" with tools (needs --enable-auto-tool-choice), else "none".'
     )
     parallel_tool_calls: bool = True
+    echo: bool = Field(False, description="Begin the answer with the last message's content if it is the assistant's.")
+    add_special_tokens: bool = Field(False, description="Add the tokenizer's special tokens to the rendered template.")
     max_tokens: ranged("max_tokens") | None = Field(
         None, description="Deprecated by OpenAI in favour of max_completion_tokens."
     )
@@ -338,6 +392,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaModel(OpenAIBaseModel):
@@ -392,6 +447,7 @@ class ModelCard(OpenAIBaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "heron"
+    root: str | None = Field(None, description="The model served under this name: its folder or hub id (vLLM's).")
     max_model_len: int
 
 
@@ -400,20 +456,21 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeRequest(ChatTemplateFields):
     """Either a prompt, or chat messages to render with the chat template first."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessageParam] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    return_token_strs: bool = Field(False, description="Also return each token as the tokenizer spells it.")
 
 
 class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(RequestModel):
@@ -433,4 +490,7 @@ def _field_names(model: type[BaseModel]) -> set[str]:
     return set(model.model_fields).union(*(_field_names(m) for m in model.__subclasses__()))
 
 
-REQUEST_FIELDS = frozenset(_field_names(RequestModel))  # every field of every request body
+def request_fields() -> frozenset[str]:
+    """Every field of every request body, of the request models defined so far (protocol_responses.py's
+    too once imported)."""
+    return frozenset(_field_names(RequestModel))

@@ -44,6 +44,7 @@ from heron.entrypoints.openai.protocol import (
 )
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion, _prompts
+from heron.entrypoints.openai.serving_tools import ToolCalling
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 
@@ -173,7 +174,7 @@ class BatchRunner:
                 logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                 renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
             )
-            job.prompts = [serving.render(req.messages)]
+            job.prompts = [serving.render(req.messages, req)]
         elif job.url == COMPLETIONS:
             req = CompletionRequest.model_validate(body)
             self.completion.model_name(req.model)
@@ -190,6 +191,10 @@ class BatchRunner:
             raise ApiError(400, f"url {job.url!r} is not one of {CHAT}, {COMPLETIONS}.", param="url")
         if req.stream:
             raise ApiError(400, "stream is not supported in a batch.", param="stream")
+        server_only = _SERVER_ONLY | ({"echo"} if job.url == CHAT else set())
+        if unhandled := sorted(server_only & {k for k, v in req if v not in (None, False)}):
+            field = unhandled[0]
+            raise ApiError(400, f"{field} is not supported by run-batch yet (use heron serve).", param=field)
         job.request, job.params = req, params
 
     def response(self, job: Job, request_id: str) -> dict:
@@ -205,7 +210,7 @@ class BatchRunner:
         if job.url == CHAT:
             choices = []
             for c in outs[0].outputs:
-                piece = self.chat._choice(req, (c.index, outs[0], c))
+                piece = self.chat._choice(req, (c.index, outs[0], c), ToolCalling(req, None), {})
                 choices.append(
                     ChatCompletionResponseChoice(
                         index=piece.index,
@@ -224,6 +229,11 @@ class BatchRunner:
             ]
             resp = CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
         return resp.model_dump(mode="json")
+
+
+# Fields whose handling lives in the server's request handlers only (tool calls, candidates, prompt logprobs,
+# beams; chat's echo): a batch line that sets one is an error line, never answered as if it were not there.
+_SERVER_ONLY = frozenset({"tools", "tool_choice", "best_of", "prompt_logprobs", "use_beam_search"})
 
 
 def run_batch(llm: LLM, input_file: str, out, done: set[str], progress: bool = True) -> Summary:

@@ -1,5 +1,6 @@
-"""POST /v1/chat/completions: messages (and tools) -> the model's chat template (with the generation prompt)
--> one engine request with n samples; with tool calling, each sample's text is read into content and tool
+"""POST /v1/chat/completions: messages (and tools) -> the model's chat template (with the generation prompt, or
+leaving the last message open under continue_final_message) -> one engine request with n samples (best_of
+candidates, of which the n best are kept); with tool calling, each sample's text is read into content and tool
 calls as it comes (serving_tools.py), for streams and plain answers alike."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from heron.entrypoints.openai.protocol import (
     ToolCall,
     UsageInfo,
 )
-from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
+from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing, message_text
 from heron.entrypoints.openai.serving_tools import CallExtractor, ToolCalling
 from heron.outputs import Logprobs
 
@@ -56,28 +57,30 @@ class OpenAIServingChat(OpenAIServing):
                 )
             params.structured_outputs = tools.structured_outputs
         params.skip_special_tokens = params.skip_special_tokens and tools.skip_special_tokens
-        prompt = self.render(req.messages, tools=tools.tools)
+        prompt = self.render(req.messages, req, tools=tools.tools)
         extractors: dict[int, CallExtractor | None] = {}  # per choice, made at its first text
+        # echo: the answer continues the last message when that is the assistant's (continue_final_message).
+        last = req.messages[-1]
+        echo = message_text(last) if req.echo and last.role == "assistant" else ""
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        # The template already holds the special tokens (BOS and the like): none are added again.
+        # The template already holds the special tokens (BOS and the like): none are added again by default.
         group = await self.start(
             raw,
             request_id,
             [prompt],
             params,
             req.priority,
-            add_special_tokens=False,
+            add_special_tokens=req.add_special_tokens,
             prompt_param="messages",
             max_tokens_param=max_param,
         )
         if req.stream:
             created = int(time.time())
 
-            def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
-                c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
-                return c.model_dump_json()
+            def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
+                return ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage)
 
-            def fragment_chunk(fragment: Fragment) -> str | None:
+            def fragment_chunk(fragment: Fragment) -> ChatCompletionChunk | None:
                 piece = self._choice(req, fragment, tools, extractors)
                 if not (
                     piece.delta.content
@@ -90,23 +93,30 @@ class OpenAIServingChat(OpenAIServing):
 
             # The role first, for each choice; then each one's text as it comes, the finish reason last.
             opening = [
-                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=echo))])
                 for i in range(req.n)
             ]
-            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            options = req.stream_options
+            include_usage = options is not None and options.include_usage
             usage_chunk = (lambda usage: chunk([], usage)) if include_usage else None
-            return EventStream(self.events(group, req.n, fragment_chunk, opening, usage_chunk), group)
+            continuous = options is not None and options.continuous_usage_stats
+            return EventStream(self.events(group, req.n, fragment_chunk, opening, usage_chunk, continuous), group)
         choices: dict[int, ChatCompletionResponseChoice] = {}
+        scores: dict[int, float] = {}
+        prompt_logprobs = None
 
         def add(fragment: Fragment) -> None:
+            nonlocal prompt_logprobs
             piece = self._choice(req, fragment, tools, extractors)
             choice = choices.get(piece.index)
             if choice is None:
                 choice = choices[piece.index] = ChatCompletionResponseChoice(
                     index=piece.index,
-                    message=ChatMessage(content=""),
+                    message=ChatMessage(content=echo),
                     logprobs=ChatChoiceLogprobs(content=[]) if req.logprobs else None,
                 )
+                if req.prompt_logprobs is not None and prompt_logprobs is None:
+                    prompt_logprobs = self.prompt_logprobs(fragment[1].prompt_logprobs)
             message = choice.message
             message.content += piece.delta.content or ""
             for d in piece.delta.tool_calls or []:
@@ -118,12 +128,19 @@ class OpenAIServingChat(OpenAIServing):
             if message.tool_calls and piece.finish_reason is not None:
                 message.content = message.content or None
             choice.finish_reason = piece.finish_reason
+            if fragment[2].cumulative_logprob is not None:
+                scores[piece.index] = fragment[2].cumulative_logprob
             if piece.logprobs is not None:
                 choice.logprobs.content += piece.logprobs.content
 
-        usage = await self.answer(raw, group, req.n, add)
-        choices_in_order = [choices[i] for i in sorted(choices)]
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices_in_order, usage=usage)
+        usage = await self.answer(raw, group, params.n, add)
+        return ChatCompletionResponse(
+            id=request_id,
+            model=model,
+            choices=self.best(choices, scores, params.n, req.n),
+            usage=usage,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def _choice(
         self,

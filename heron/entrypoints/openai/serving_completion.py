@@ -1,5 +1,5 @@
-"""POST /v1/completions: one engine request per prompt, n samples each; choice i*n + j is prompt i's
-sample j, as in OpenAI's API."""
+"""POST /v1/completions: one engine request per prompt, n samples each (best_of candidates, of which the n
+best are kept); choice i*n + j is prompt i's sample j, as in OpenAI's API."""
 
 from __future__ import annotations
 
@@ -29,27 +29,43 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_lps)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         group = await self.start(
-            raw, request_id, prompts, params, req.priority, add_special_tokens=True, prompt_param="prompt"
+            raw,
+            request_id,
+            prompts,
+            params,
+            req.priority,
+            add_special_tokens=req.add_special_tokens,
+            prompt_param="prompt",
         )
         head = CompletionResponse(id=request_id, model=model, choices=[])
         sent: dict[int, int] = {}  # choice index -> characters so far (echoed prompt included)
         if req.stream:
 
-            def chunk(fragment: Fragment) -> str:
-                return head.model_copy(update={"choices": [self._choice(req, fragment, sent)]}).model_dump_json()
+            def chunk(fragment: Fragment) -> CompletionResponse:
+                return head.model_copy(update={"choices": [self._choice(req, fragment, sent)]})
 
-            def usage_chunk(usage: UsageInfo) -> str:
-                return head.model_copy(update={"usage": usage}).model_dump_json()
+            def usage_chunk(usage: UsageInfo) -> CompletionResponse:
+                return head.model_copy(update={"usage": usage})
 
-            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            options = req.stream_options
+            include_usage = options is not None and options.include_usage
+            continuous = options is not None and options.continuous_usage_stats
             return EventStream(
-                self.events(group, req.n, chunk, usage_chunk=usage_chunk if include_usage else None), group
+                self.events(
+                    group, req.n, chunk, usage_chunk=usage_chunk if include_usage else None, continuous_usage=continuous
+                ),
+                group,
             )
         choices: dict[int, CompletionResponseChoice] = {}
+        scores: dict[int, float] = {}
 
         def add(fragment: Fragment) -> None:
             piece = self._choice(req, fragment, sent)
+            if fragment[2].cumulative_logprob is not None:
+                scores[piece.index] = fragment[2].cumulative_logprob
             if piece.index not in choices:
+                if req.prompt_logprobs is not None:
+                    piece.prompt_logprobs = self.prompt_logprobs(fragment[1].prompt_logprobs)
                 choices[piece.index] = piece
                 return
             choice = choices[piece.index]
@@ -59,8 +75,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
                     getattr(choice.logprobs, name).extend(getattr(piece.logprobs, name))
 
-        usage = await self.answer(raw, group, req.n, add)
-        return head.model_copy(update={"choices": [choices[i] for i in sorted(choices)], "usage": usage})
+        usage = await self.answer(raw, group, params.n, add)
+        return head.model_copy(update={"choices": self.best(choices, scores, params.n, req.n), "usage": usage})
 
     def _choice(self, req: CompletionRequest, fragment: Fragment, sent: dict[int, int]) -> CompletionResponseChoice:
         """A sample's news as a choice: a stream's chunk, or a piece of the plain answer. Its first one begins

@@ -30,7 +30,15 @@ from heron.engine.async_llm import AsyncLLM, RequestStream
 from heron.entrypoints.openai.admission import Admission, Overloaded, Ticket
 from heron.entrypoints.openai.errors import ApiError, api_error, sse
 from heron.entrypoints.openai.limits import RequestLimits
-from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
+from heron.entrypoints.openai.protocol import (
+    ChatMessageParam,
+    ChatTemplateFields,
+    OpenAIBaseModel,
+    PromptLogprob,
+    PromptLogprobs,
+    SamplingRequest,
+    UsageInfo,
+)
 from heron.entrypoints.openai.serving_tools import template_tool_calls
 from heron.entrypoints.openai.structured_outputs import structured_outputs_params
 from heron.metrics import ServerMetrics
@@ -40,8 +48,21 @@ from heron.sampling_params import RequestOutputKind, SamplingParams
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+C = TypeVar("C", bound=OpenAIBaseModel)
+
+# Variables the server sets itself when it renders a chat template.
+_TEMPLATE_ARGS = frozenset(
+    {"conversation", "messages", "tools", "tokenize", "add_generation_prompt", "continue_final_message"}
+)
 
 WAITING_PER_REQUEST = 8
+
+
+def message_text(m: ChatMessageParam) -> str:
+    """A message's text; a list of text parts is joined by newlines."""
+    if m.content is None or isinstance(m.content, str):
+        return m.content or ""
+    return "\n".join(part.text for part in m.content)
 
 
 class ClientDisconnected(Exception):
@@ -163,6 +184,7 @@ class OpenAIServing:
         admission: Admission,
         limits: RequestLimits,
         log_requests: bool = False,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -171,6 +193,7 @@ class OpenAIServing:
         self.admission = admission
         self.limits = limits
         self.log_requests = log_requests
+        self.scheduling_policy = scheduling_policy
         self._generation_defaults = engine.generation_defaults
 
     def model_name(self, asked: str | None) -> str:
@@ -194,6 +217,25 @@ class OpenAIServing:
         where the request calls it otherwise, as chat does max_completion_tokens)."""
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+        self._check_policy_fields(req)
+        n = req.n
+        if req.best_of is not None:
+            if req.best_of > self.limits.max_n:
+                why = f"best_of must be at most {self.limits.max_n} on this server, got {req.best_of}."
+                raise ApiError(400, why, param="best_of")
+            if req.best_of < req.n:
+                raise ApiError(400, f"best_of ({req.best_of}) must be at least n ({req.n}).", param="best_of")
+            if req.stream and req.best_of > req.n:
+                raise ApiError(
+                    400, "best_of is not supported with stream: candidates are ranked once all finish.", param="best_of"
+                )
+            # Candidates are ranked by their cumulative logprob, which the engine keeps when logprobs are asked.
+            n, logprobs = req.best_of, 0 if logprobs is None else logprobs
+            renames = {**(renames or {}), "n": "best_of"}
+        if req.prompt_logprobs is not None:
+            if req.stream:
+                raise ApiError(400, "prompt_logprobs is not available with stream.", param="prompt_logprobs")
+            prompt_logprobs = max(req.prompt_logprobs, prompt_logprobs or 0)
         defaults = self._generation_defaults
         structured = structured_outputs_params(req)
 
@@ -202,7 +244,7 @@ class OpenAIServing:
 
         try:
             return SamplingParams(
-                n=req.n,
+                n=n,
                 presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty,
                 repetition_penalty=pick("repetition_penalty", req.repetition_penalty),
@@ -227,6 +269,51 @@ class OpenAIServing:
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise ApiError(400, str(e), param=(renames or {}).get(field, field)) from None
+
+    def _check_policy_fields(self, req: SamplingRequest) -> None:
+        if req.store:
+            raise ApiError(400, "store=true is not supported: Heron keeps no completions.", param="store")
+        if req.priority != 0 and self.scheduling_policy != "priority":
+            raise ApiError(
+                400,
+                f"priority is {req.priority}, but the server schedules first come, first served; start it with "
+                "--scheduling-policy priority.",
+                param="priority",
+            )
+
+    @staticmethod
+    def best(choices: dict[int, C], scores: dict[int, float], candidates: int, n: int) -> list[C]:
+        """Each prompt's n choices of highest cumulative logprob among its `candidates` (best_of), numbered as
+        the request's choices (prompt i's k-th best is choice i * n + k)."""
+        if candidates == n:
+            return [choices[i] for i in sorted(choices)]
+        picked = []
+        for prompt in range(len(choices) // candidates):
+            ids = range(prompt * candidates, (prompt + 1) * candidates)
+            for k, i in enumerate(sorted(ids, key=lambda i: -scores.get(i, float("-inf")))[:n]):
+                choices[i].index = prompt * n + k
+                picked.append(choices[i])
+        return picked
+
+    def prompt_logprobs(self, lps: list[Logprobs | None] | None) -> PromptLogprobs | None:
+        """The prompt's logprobs as vLLM returns them: per position, token id -> logprob, rank and text; the
+        rank of a prompt token outside the top k is unknown (None)."""
+        if lps is None:
+            return None
+        out: PromptLogprobs = []
+        for lp in lps:
+            if lp is None:
+                out.append(None)
+                continue
+            ranked = sorted(lp.items(), key=lambda kv: -kv[1])
+            k = len(ranked) if len(ranked) == 1 else len(ranked) - 1  # the prompt token and its top k
+            out.append(
+                {
+                    str(t): PromptLogprob(logprob=v, rank=r + 1 if r < k else None, decoded_token=self.token_str(t))
+                    for r, (t, v) in enumerate(ranked)
+                }
+            )
+        return out
 
     async def start(
         self,
@@ -356,31 +443,52 @@ class OpenAIServing:
         self,
         group: RequestGroup,
         n: int,
-        chunk: Callable[[Fragment], str | None],
-        opening: list[str] = (),
-        usage_chunk: Callable[[UsageInfo], str] | None = None,
+        chunk: Callable[[Fragment], OpenAIBaseModel | None],
+        opening: Sequence[OpenAIBaseModel] = (),
+        usage_chunk: Callable[[UsageInfo], OpenAIBaseModel] | None = None,
+        continuous_usage: bool = False,
     ) -> AsyncIterator[str]:
         """A stream: server-sent events of the `opening` chunks, then of each fragment's chunk (None: nothing
-        to say), the usage chunk when asked, then [DONE]. Its status line is long gone, so an error on the
-        way is an event."""
+        to say), the usage chunk when asked, then [DONE]. With `continuous_usage` every chunk carries the
+        usage so far. Its status line is long gone, so an error on the way is an event."""
         usage = UsageInfo()
+
+        def event(c: OpenAIBaseModel) -> str:
+            if continuous_usage:
+                c.usage = usage.model_copy(update={"total_tokens": usage.prompt_tokens + usage.completion_tokens})
+            return sse(c.model_dump_json())
+
         try:
-            for data in opening:
-                yield sse(data)
+            for c in opening:
+                yield event(c)
             async for fragment in fragments(group, n, usage):
-                if (data := chunk(fragment)) is not None:
-                    yield sse(data)
+                if (c := chunk(fragment)) is not None:
+                    yield event(c)
             if usage_chunk is not None:
-                yield sse(usage_chunk(usage))
+                yield sse(usage_chunk(usage).model_dump_json())
         except Exception as e:  # noqa: BLE001 - said in the stream, in the API's terms
             yield api_error(e).event()
         yield sse("[DONE]")
 
     def render(
-        self, messages: list[ChatMessageParam], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[ChatMessageParam], opts: ChatTemplateFields, tools: list[dict] | None = None
     ) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template), with
-        the request's tools (as OpenAI writes them) where it has some."""
+        the request's template options and its tools (as OpenAI writes them) where it has some."""
+        if opts.continue_final_message and opts.add_generation_prompt:
+            raise ApiError(
+                400,
+                "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt "
+                "to false to continue the last message.",
+                param="continue_final_message",
+            )
+        extra = opts.chat_template_kwargs or {}
+        if reserved := sorted(_TEMPLATE_ARGS & extra.keys()):
+            raise ApiError(
+                400,
+                f"chat_template_kwargs may not set {', '.join(reserved)}: the request's fields do.",
+                param="chat_template_kwargs",
+            )
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(
                 400, "This model has no chat template; start the server with --chat-template.", param="messages"
@@ -394,13 +502,8 @@ class OpenAIServing:
             )
         conversation = []
         for m in messages:
-            content = (
-                m.content
-                if isinstance(m.content, str) or m.content is None
-                else "\n".join(part.text for part in m.content)
-            )
             # Templates know "system"; "developer" is OpenAI's newer name for it.
-            msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            msg = {"role": "system" if m.role == "developer" else m.role, "content": message_text(m)}
             if m.name is not None:
                 msg["name"] = m.name
             if m.tool_calls:
@@ -410,7 +513,12 @@ class OpenAIServing:
             conversation.append(msg)
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=opts.add_generation_prompt,
+                continue_final_message=opts.continue_final_message,
+                **extra,
             )
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
             raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None

@@ -16,13 +16,16 @@ class OpenAIServingTokenization(OpenAIServing):
             raise ApiError(400, "Give either prompt or messages.", param="prompt")
         if req.messages is not None:
             # As for chat completions: the rendered template already holds its special tokens.
-            text, add_special, param = self.render(req.messages, req.add_generation_prompt), False, "messages"
+            text, add_special, param = self.render(req.messages, req), False, "messages"
         else:
             text, add_special, param = req.prompt, req.add_special_tokens, "prompt"
         if (why := self.limits.check_text(text)) is not None:
             raise ApiError(400, why, param=param)
         tokens = await self.engine.tokenize(text, add_special)
-        return TokenizeResponse(count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens)
+        strs = self.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return TokenizeResponse(
+            count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens, token_strs=strs
+        )
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.model_name(req.model)

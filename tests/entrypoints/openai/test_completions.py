@@ -142,7 +142,6 @@ def test_extras_pass_through(client):
             repetition_penalty=1.1,
             min_tokens=4,
             ignore_eos=True,
-            priority=3,
             stop_token_ids=[2],
             skip_special_tokens=False,
         ),
