@@ -34,8 +34,11 @@ def num_logprobs(params: BeamSearchParams, num_eos: int) -> int:
 class BeamSearch:
     """One request's beam search: its finished hypotheses and whether better ones may still come."""
 
-    def __init__(self, params: BeamSearchParams, eos_token_ids: tuple[int, ...], num_returned: int) -> None:
+    def __init__(
+        self, params: BeamSearchParams, eos_token_ids: tuple[int, ...], num_returned: int, max_tokens: int
+    ) -> None:
         self.params = params
+        self.max_tokens = max_tokens  # the request's (SamplingParams.max_tokens as the engine set it)
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
         self.num_returned = num_returned
         self.finished: list[tuple[float, Sequence]] = []  # (length-penalised score, hypothesis), best first
@@ -51,7 +54,7 @@ class BeamSearch:
             ((seq.cumulative_logprob + lp, seq, tok, lp) for seq, lps in reports for tok, lp in lps.items()),
             key=lambda c: -c[0],
         )[: num_logprobs(p, len(self.eos))]
-        at_limit = gen_len >= p.max_tokens
+        at_limit = gen_len >= self.max_tokens
         ends = [at_limit or c[2] in self.eos for c in candidates]
         can_add = self.improvable and not (p.early_stopping is True and len(self.finished) == k)
         for c, end in zip(candidates[:k], ends[:k]):
@@ -61,7 +64,7 @@ class BeamSearch:
         del self.finished[k:]
         beams = [c for c, end in zip(candidates, ends) if not end][:k]
         if beams:
-            length = p.max_tokens if p.early_stopping == "never" and p.length_penalty > 0 else gen_len
+            length = self.max_tokens if p.early_stopping == "never" and p.length_penalty > 0 else gen_len
             best = beams[0][0] / length**p.length_penalty
             self.improvable = self.improvable and (len(self.finished) < k or best > self.finished[-1][0])
         self.done = not beams or not self.improvable or (p.early_stopping is True and len(self.finished) == k)
@@ -114,5 +117,5 @@ def start(request: Request, eos_token_ids: tuple[int, ...]) -> None:
     """Make `request` (whose params carry beam_search) a beam search: its first draw holds the seats of all
     its beams, as an n > 1 request's does until it forks (parallel_sampling.py)."""
     params = request.params.beam_search
-    request.beam = BeamSearch(params, eos_token_ids, request.params.n)
+    request.beam = BeamSearch(params, eos_token_ids, request.params.n, request.params.max_tokens)
     request.seqs[0].num_samples = params.beam_width

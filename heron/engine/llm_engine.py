@@ -200,7 +200,6 @@ class LLMEngine:
             params,
             temperature=0.0,
             logprobs=k,
-            max_tokens=beam.max_tokens,
             ignore_eos=True,  # the search decides where a beam ends
             include_stop_str_in_output=beam.include_stop_str_in_output,
             stop=[],

@@ -149,6 +149,9 @@ class SamplingRequest(RequestModel):
     priority: integer(INT64_MIN, INT64_MAX) = Field(
         0, description="Lower runs first under --scheduling-policy priority."
     )
+    use_beam_search: bool = Field(False, description="Beam search of width n, as transformers' num_beams.")
+    length_penalty: Annotated[float, Field(ge=-10.0, le=10.0)] = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 # -- /v1/completions ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from heron.entrypoints.openai.limits import RequestLimits
 from heron.entrypoints.openai.protocol import ChatMessageParam, SamplingRequest, UsageInfo
 from heron.metrics import ServerMetrics
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
-from heron.sampling_params import RequestOutputKind, SamplingParams
+from heron.sampling_params import RANGES, BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +219,7 @@ class OpenAIServing:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
+                beam_search=_beam_search(req, max_tokens, logprobs),
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
@@ -406,3 +407,25 @@ class OpenAIServing:
     def top_logprobs(self, lps: Logprobs, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens of a position (its dict holds the sampled token and the top k)."""
         return sorted(lps.items(), key=lambda kv: -kv[1])[:k]
+
+
+def _beam_search(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> BeamSearchParams | None:
+    """use_beam_search: a beam search as wide as n, returning its n beams (the engine's max_tokens, left out,
+    is the context's room). Its output comes at the end only: no stream, and no logprobs."""
+    if not req.use_beam_search:
+        return None
+    if req.stream:
+        raise ApiError(400, "use_beam_search does not support streaming.", param="stream")
+    if logprobs is not None:
+        raise ApiError(400, "use_beam_search does not support logprobs.", param="logprobs")
+    try:
+        return BeamSearchParams(
+            beam_width=req.n,
+            max_tokens=max_tokens or int(RANGES["max_tokens"].high),
+            ignore_eos=req.ignore_eos,
+            length_penalty=req.length_penalty,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            early_stopping=req.early_stopping,
+        )
+    except ValueError as e:  # its width, the only field not checked already
+        raise ApiError(400, f"{e} (n is the beam width with use_beam_search)", param="n") from None
