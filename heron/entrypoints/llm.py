@@ -42,7 +42,11 @@ class LLM:
         chat_template: str | None = None,
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
+        trust_remote_code: bool = False,
     ) -> None:
+        """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
+        every architecture it supports, never code from the model's folder."""
+        del trust_remote_code
         config = EngineConfig(
             model=ModelConfig(
                 model=model,
