@@ -1,4 +1,4 @@
-"""`heron` command line: `heron serve`, `heron generate`, `heron bench ...`, `heron --version`.
+"""`heron` command line: `heron serve`, `heron generate`, `heron chat`, `heron bench ...`, `heron --version`.
 
 Each subcommand lives beside the code it drives and registers itself here through `register(subparsers)`,
 setting `func` on its parser."""
@@ -38,6 +38,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from heron.bench import cli as bench_cli
+    from heron.entrypoints import chat_cli
     from heron.entrypoints.openai import cli as serve_cli
 
     parser = argparse.ArgumentParser(prog="heron", description="Heron: LLM inference engine and server")
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     serve_cli.register(sub)
     _register_generate(sub)
+    chat_cli.register(sub)
     bench_cli.register(sub)
     return parser
 
