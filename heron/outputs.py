@@ -41,3 +41,23 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+
+
+@dataclass
+class BeamSearchSequence:
+    """One beam of `LLM.beam_search`, as vLLM's: `tokens` are the prompt's and the beam's, `text` their
+    decoding; `cum_logprob` the sum of the beam's token logprobs."""
+
+    tokens: list[int]
+    logprobs: list[Logprobs]
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """A prompt's beams, best first (by length-penalised score)."""
+
+    sequences: list[BeamSearchSequence]

@@ -86,6 +86,34 @@ class StructuredOutputsParams:
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
+@dataclass
+class BeamSearchParams:
+    """Beam search, as vLLM's `BeamSearchParams` and transformers' `generate(num_beams=beam_width,
+    do_sample=False)`: `length_penalty` divides a finished beam's summed logprob by its generated length to
+    that power; `early_stopping` is transformers' (False, its default: stop once no running beam can beat
+    the worst of `beam_width` finished ones, judged at the current length; True: as soon as `beam_width`
+    beams have finished; "never": judged at max_tokens when length_penalty > 0). Greedy only: temperature
+    must be 0."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        # Each beam's draw carries its top 2 * beam_width logprobs, which MAX_LOGPROBS bounds.
+        Range(1, MAX_LOGPROBS // 2, integer=True).check("beam_width", self.beam_width)
+        RANGES["max_tokens"].check("max_tokens", self.max_tokens)
+        Range(-10.0, 10.0).check("length_penalty", self.length_penalty)
+        if self.temperature != 0:
+            raise ValueError(f"temperature must be 0 for beam search (greedy), got {self.temperature!r}.")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}.")
+
+
 class RequestOutputKind(enum.Enum):
     """What the engine returns for a request each step: its cumulative output; only what is new since
     the last output (what the server's engine process sends, so a step's outputs cost the new tokens
@@ -121,6 +149,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    # Beam search instead of sampling (LLM.beam_search, the server's use_beam_search): n of its beams come back.
+    beam_search: BeamSearchParams | None = None
     # Filled in by the engine from the tokenizer / generation_config, not by users.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 

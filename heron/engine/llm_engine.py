@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from heron.config import EngineConfig, resolve_device
 from heron.distributed import get_tp_world_size
+from heron.engine import beam_search
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
 from heron.engine.request import Request, Sequence, SequenceStatus
@@ -26,7 +27,7 @@ from heron.executor.tp_worker import TPWorkers
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
-from heron.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from heron.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from heron.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class LLMEngine:
         self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
         self._structured: StructuredOutputManager | None = None  # made with the first constrained request
         self._compiling: dict[str, tuple[Request, Future]] = {}  # requests waiting for their grammar
+        self._num_beam_requests = 0  # while any runs, every step is read back at once (beam_search.py)
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
         logger.info(
@@ -156,6 +158,10 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
+        if params.beam_search is not None:
+            if params.structured_outputs is not None:
+                raise ValueError("structured_outputs cannot be combined with beam search.")
+            params = self._beam_params(params)
         grammar = self._compile(params.structured_outputs) if params.structured_outputs is not None else None
         if not isinstance(prompt, str):
             text, ids = None, list(prompt)
@@ -192,6 +198,9 @@ class LLMEngine:
             self.scheduler.add(req.seqs[0])
         else:
             self._compiling[request_id] = (req, grammar)
+        if params.beam_search is not None:
+            beam_search.start(req, params.eos_token_ids)
+            self._num_beam_requests += 1
         self.stats.prompt_tokens += len(ids)
         return req
 
@@ -223,6 +232,32 @@ class LLMEngine:
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
             self._finish_request(req)
             touched[request_id] = req
+
+    def _beam_params(self, params: SamplingParams) -> SamplingParams:
+        """A beam search's params as the engine runs them: greedy draws carrying the logprobs it ranks."""
+        beam = params.beam_search
+        if params.n > beam.beam_width:
+            raise ValueError(f"n ({params.n}) must be at most the beam width ({beam.beam_width}).")
+        if beam.beam_width > self.config.scheduler.max_num_seqs:
+            raise ValueError(f"beam_width ({beam.beam_width}) is more than max_num_seqs.")
+        k = beam_search.num_logprobs(beam, len(self.eos_token_ids))
+        if k > MAX_LOGPROBS:
+            raise ValueError(f"beam_width ({beam.beam_width}) is too large for this model's EOS tokens.")
+        return replace(
+            params,
+            temperature=0.0,
+            logprobs=k,
+            ignore_eos=True,  # the search decides where a beam ends
+            include_stop_str_in_output=beam.include_stop_str_in_output,
+            stop=[],
+            stop_token_ids=[],
+            min_tokens=0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            repetition_penalty=1.0,
+            logit_bias=None,
+            prompt_logprobs=None,
+        )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its blocks are freed at once. Returns its final output, or None if unknown."""
@@ -305,7 +340,7 @@ class LLMEngine:
         the requests that advanced (those in `touched`, read back earlier this iteration, too)."""
         done = [self._inflight] if self._inflight is not None else []
         self._inflight = launched
-        if launched is not None and launched.step.read_back_now:
+        if launched is not None and (launched.step.read_back_now or self._num_beam_requests):
             done.append(launched)
             self._inflight = None
         self._read_back(done, touched)
@@ -326,6 +361,7 @@ class LLMEngine:
         result = launched.step.result()
         now = time.time()
         append, generated = self.output_processor.append, 0
+        beams: dict[str, list] = {}  # beam requests: their beams' draws, to be ranked together
         for i, seq in enumerate(launched.scheduled.seqs):
             if seq.is_finished:  # aborted, or finished by a token of the step before while this one ran
                 continue
@@ -334,6 +370,9 @@ class LLMEngine:
                 req.prompt_logprobs += result.prompt_logprobs[i]
             tokens = result.sampled[i]
             if not tokens:
+                continue
+            if req.beam is not None:
+                beams.setdefault(req.request_id, []).append((seq, result.logprobs[i][0]))
                 continue
             seqs = [seq] if len(tokens) == 1 else [seq] + self.scheduler.fork(seq)
             for s, token, lp in zip(seqs, tokens, result.logprobs[i] or [None] * len(seqs)):
@@ -346,6 +385,15 @@ class LLMEngine:
                 metrics.first_token_time = now
             metrics.last_token_time = now
             touched[req.request_id] = req
+        for request_id, reports in beams.items():
+            req = reports[0][0].request
+            beam_search.advance(req, reports, self.scheduler)
+            generated += len(reports)
+            if req.beam.done:  # its only output: the finished beams
+                for seq in req.seqs:
+                    self.output_processor.decode(seq)
+                touched[request_id] = req
+                ended.add(request_id)
         self.stats.generation_tokens += generated
 
     def _retire(self, seq: Sequence) -> None:
@@ -354,6 +402,8 @@ class LLMEngine:
 
     def _finish_request(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
+        if req.beam is not None:
+            self._num_beam_requests -= 1
         req.metrics.finished_time = time.time()
         reason = req.seqs[0].finish_reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1

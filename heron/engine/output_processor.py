@@ -67,22 +67,29 @@ class OutputProcessor:
     def release(self, seq: Sequence) -> None:
         """A finished sequence flushes any text held back for an incomplete character."""
         detok = self._detok.pop(seq.seq_id, None)
-        if detok is None and self.tokenizer is not None and not seq.request.detokenizes_each_token:
-            # the same decoder as streaming, over all the output at once
-            p = seq.params
-            ids = seq.output_token_ids
-            if seq.finish_reason == "stop" and not p.include_stop_str_in_output:
-                ids = ids[:-1]  # the stop token (stop strings are never deferred)
-            detok = IncrementalDetokenizer(
-                self.tokenizer,
-                seq.token_ids[: seq.num_prompt_tokens],
-                p.skip_special_tokens,
-                p.spaces_between_special_tokens,
-            )
-            seq.output_text = detok.step(ids) if ids else ""
-        if detok is not None and seq.finish_reason != "stop":
+        if detok is None and not seq.request.detokenizes_each_token:
+            self.decode(seq)
+        elif detok is not None and seq.finish_reason != "stop":
             seq.output_text += detok.flush()
         self._stop.pop(seq.seq_id, None)
+
+    def decode(self, seq: Sequence) -> None:
+        """A finished sequence's text, from all its output at once (the same decoder as streaming)."""
+        if self.tokenizer is None:
+            return
+        p = seq.params
+        ids = seq.output_token_ids
+        if seq.finish_reason == "stop" and not p.include_stop_str_in_output:
+            ids = ids[:-1]  # the stop token (stop strings are never deferred)
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            seq.token_ids[: seq.num_prompt_tokens],
+            p.skip_special_tokens,
+            p.spaces_between_special_tokens,
+        )
+        seq.output_text = detok.step(ids) if ids else ""
+        if seq.finish_reason != "stop":
+            seq.output_text += detok.flush()
 
     def visible_text(self, seq: Sequence) -> str:
         """The text a streaming client may see now: a tail that could still grow into a stop string is

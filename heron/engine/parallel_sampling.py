@@ -6,8 +6,8 @@ then forks into n sequences that share its KV blocks. The block manager copies a
 block before the first write to it (copy-on-write), so the prompt's full blocks stay shared for good.
 Until it forks, the sequence holds the batch seats of all n samples, so that they can run together.
 
-The scheduler's side: `add` a request's first sequence, `fork` when its first tokens arrive. (Beam search
-would fork the same way.)
+The scheduler's side: `add` a request's first sequence, `fork` when its first tokens arrive. Beam search
+(beam_search.py) forks the same way, one `branch` at a time.
 """
 
 from __future__ import annotations
@@ -29,11 +29,15 @@ class ParallelSampling:
         """Branch off the other n - 1 samples of `seq`, whose first draw has just been read back (its
         tokens not yet appended): at its point, sharing its blocks. Returns them."""
         seq.num_samples = 1
-        children = [_sibling(seq, index) for index in range(1, seq.params.n)]
-        for child in children:
-            self.bm.fork(seq, child)
+        children = [self.branch(seq, index) for index in range(1, seq.params.n)]
         seq.request.seqs += children
         return children
+
+    def branch(self, seq: Sequence, index: int) -> Sequence:
+        """A copy of `seq` at its point (its pending draw included), sharing its blocks."""
+        child = _sibling(seq, index)
+        self.bm.fork(seq, child)
+        return child
 
 
 def _sibling(seq: Sequence, index: int) -> Sequence:
@@ -45,4 +49,5 @@ def _sibling(seq: Sequence, index: int) -> Sequence:
     child.num_cached_tokens = seq.num_cached_tokens
     if seq.grammar is not None:  # at the fork's point, as its blocks
         child.grammar = seq.grammar.fork()
+    child.cumulative_logprob = seq.cumulative_logprob
     return child

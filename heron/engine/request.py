@@ -130,6 +130,9 @@ class Request:
     prompt_logprobs: list[Logprobs | None] | None = None
     aborted: bool = False
     sent_prompt: bool = False  # a RequestOutputKind.DELTA output carried the prompt fields already
+    # A beam search's state, beam_search.BeamSearch (not named here: that module imports this one); while it
+    # runs, `seqs` are the live beams.
+    beam: object | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -93,6 +93,12 @@ class Scheduler:
         self.running += children
         return children
 
+    def branch(self, seq: Sequence, index: int) -> Sequence:
+        """A running copy of `seq` sharing its blocks (a beam picked twice: beam_search.py)."""
+        child = self.forks.branch(seq, index)
+        self.running.append(child)
+        return child
+
     # -- the step ------------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

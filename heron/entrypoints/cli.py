@@ -40,6 +40,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from heron.bench import cli as bench_cli
+    from heron.entrypoints import chat_cli
     from heron.entrypoints.openai import cli as serve_cli
     from heron.entrypoints.openai import run_batch
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=ConfigSourcesParser)
     serve_cli.register(sub)
     _register_generate(sub)
+    chat_cli.register(sub)
     bench_cli.register(sub)
     run_batch.register(sub)
     return parser

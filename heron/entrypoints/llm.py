@@ -11,11 +11,12 @@ from tqdm.auto import tqdm
 
 from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
+from heron.inputs import PromptType, engine_prompt, prompt_list
 from heron.models.loader import ModelSource
-from heron.outputs import RequestOutput
-from heron.sampling_params import RequestOutputKind, SamplingParams
+from heron.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from heron.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
-Prompt = str | list[int]
+Prompt = PromptType
 Message = dict[str, object]
 # One request for LLM.stream: a prompt, its sampling parameters and whether to add special tokens to a text one.
 StreamItem = tuple[Prompt, SamplingParams, bool]
@@ -45,7 +46,11 @@ class LLM:
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
         quantization: str | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
+        """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
+        every architecture it supports, never code from the model's folder."""
+        del trust_remote_code
         config = EngineConfig(
             model=ModelConfig(
                 model=model,
@@ -103,9 +108,10 @@ class LLM:
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order. A prompt is a string or a
-        list of token ids. `prompts` may also be any other iterable (a generator over a big file): it is
-        read as the engine makes room (`generate_iter`), never held whole."""
+        """Run every prompt to completion; outputs come back in input order. A prompt is a string, a
+        TextPrompt, a TokensPrompt or a list of token ids (heron/inputs.py). `prompts` may also be any other
+        iterable (a generator over a big file): it is read as the engine makes room (`generate_iter`), never
+        held whole."""
         if not isinstance(prompts, (str, list, tuple)):
             bar = tqdm(desc="Processed prompts", disable=not use_tqdm)
             return [bar.update(1) or out for out in self.generate_iter(prompts, sampling_params)]
@@ -178,8 +184,7 @@ class LLM:
                 self.engine.abort(rid)
 
     def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool):
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = [engine_prompt(p) for p in prompt_list(prompts)]
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts), "sampling_params")
         params = [replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         priority = _per_prompt(list(priority) if priority is not None else 0, len(prompts), "priority")
@@ -194,6 +199,31 @@ class LLM:
                 self.engine.abort(rid)
             raise
         return self._run(ids, use_tqdm)
+
+    def beam_search(
+        self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """Beam search over each prompt (engine/beam_search.py): its `beam_width` beams, best first, as
+        vLLM's `LLM.beam_search` returns them (tokens and text include the prompt's)."""
+        sampling = SamplingParams(n=params.beam_width, temperature=0, max_tokens=params.max_tokens, beam_search=params)
+        outputs = self._generate(prompts, sampling, use_tqdm, None, add_special_tokens=True)
+        tok = self.engine.tokenizer
+        return [
+            BeamSearchOutput(
+                [
+                    BeamSearchSequence(
+                        tokens=(tokens := out.prompt_token_ids + _beam_tokens(c, params)),
+                        logprobs=c.logprobs or [],
+                        cum_logprob=c.cumulative_logprob or 0.0,
+                        text=tok.decode(tokens) if tok is not None else None,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                    for c in out.outputs
+                ]
+            )
+            for out in outputs
+        ]
 
     def chat(
         self,
@@ -230,6 +260,12 @@ class LLM:
                 if rid not in done:
                     self.engine.abort(rid)
         return [done[rid] for rid in ids]
+
+
+def _beam_tokens(c, params: BeamSearchParams) -> list[int]:
+    """A beam's tokens, its EOS only with include_stop_str_in_output (as vLLM)."""
+    ends_with_eos = c.finish_reason == "stop" and not params.include_stop_str_in_output
+    return c.token_ids[:-1] if ends_with_eos else c.token_ids
 
 
 def _per_prompt(value, n: int, name: str) -> list:

@@ -19,9 +19,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "guided_decoding_backend": "not supported: xgrammar is the only structured-output backend",
     "guided_whitespace_pattern": "not supported: JSON is generated with xgrammar's default whitespace",
     "structural_tag": _YET,
-    # Beam search.
-    "use_beam_search": _YET,
-    "length_penalty": f"{_YET} (it applies to beam search)",
     # Refused: nothing in Heron could honour them.
     "audio": "not supported: Heron serves text models",
     "modalities": "not supported: Heron serves text models (output is text only)",

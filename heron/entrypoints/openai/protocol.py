@@ -208,6 +208,9 @@ class SamplingRequest(IgnoredFields):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
+    use_beam_search: bool = Field(False, description="Beam search of width n, as transformers' num_beams.")
+    length_penalty: Annotated[float, Field(ge=-10.0, le=10.0)] = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 # -- /v1/completions ---------------------------------------------------------------------------------------

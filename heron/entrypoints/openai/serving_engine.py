@@ -43,7 +43,7 @@ from heron.entrypoints.openai.serving_tools import template_tool_calls
 from heron.entrypoints.openai.structured_outputs import structured_outputs_params
 from heron.metrics import ServerMetrics
 from heron.outputs import CompletionOutput, Logprobs, RequestOutput
-from heron.sampling_params import RequestOutputKind, SamplingParams
+from heron.sampling_params import RANGES, BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class OpenAIServing:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
         self._check_policy_fields(req)
         n = req.n
-        if req.best_of is not None:
+        if req.best_of is not None and not req.use_beam_search:  # (with beam search, best_of is the beam width)
             if req.best_of > self.limits.max_n:
                 why = f"best_of must be at most {self.limits.max_n} on this server, got {req.best_of}."
                 raise ApiError(400, why, param="best_of")
@@ -265,6 +265,7 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come
                 structured_outputs=structured,
+                beam_search=_beam_search(req, max_tokens, logprobs),
             )
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
@@ -532,3 +533,26 @@ class OpenAIServing:
     def top_logprobs(self, lps: Logprobs, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens of a position (its dict holds the sampled token and the top k)."""
         return sorted(lps.items(), key=lambda kv: -kv[1])[:k]
+
+
+def _beam_search(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> BeamSearchParams | None:
+    """use_beam_search: a beam search as wide as best_of (or n), returning its n best beams (the engine's
+    max_tokens, left out, is the context's room). Its output comes at the end only: no stream, no logprobs."""
+    if not req.use_beam_search:
+        return None
+    if req.stream:
+        raise ApiError(400, "use_beam_search does not support streaming.", param="stream")
+    if logprobs is not None:
+        raise ApiError(400, "use_beam_search does not support logprobs.", param="logprobs")
+    try:
+        return BeamSearchParams(
+            beam_width=req.best_of or req.n,
+            max_tokens=max_tokens or int(RANGES["max_tokens"].high),
+            ignore_eos=req.ignore_eos,
+            length_penalty=req.length_penalty,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            early_stopping=req.early_stopping,
+        )
+    except ValueError as e:  # its width, the only field not checked already
+        param = "best_of" if req.best_of else "n"
+        raise ApiError(400, f"{e} ({param} is the beam width with use_beam_search)", param=param) from None
