@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs
 from heron.sampling_params import SamplingParams
 
@@ -68,6 +69,10 @@ class ScheduledBatch:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy-on-write
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    # With LoRA only (empty otherwise): each sequence's adapter slot (-1: the base model), and the adapters to
+    # load into their slots before the forward.
+    lora_slots: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
+from heron.lora_request import LoRARequest
 from heron.models.loader import ModelSource
 from heron.outputs import RequestOutput
 from heron.sampling_params import RequestOutputKind, SamplingParams
@@ -41,6 +42,10 @@ class LLM:
         chat_template: str | None = None,
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(
@@ -63,6 +68,7 @@ class LLM:
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy
             ),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            lora=LoRAConfig(enable_lora, max_loras, max_lora_rank, max_cpu_loras),
             device=device,
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
@@ -97,23 +103,29 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt is a string or a
-        list of token ids."""
-        return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
+        list of token ids. `lora_request`: one LoRA adapter for all prompts, or one (or None) per prompt."""
+        return self._generate(prompts, sampling_params, use_tqdm, priority, True, lora_request)
 
-    def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool):
+    def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool, lora_request=None):
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts), "sampling_params")
         params = [replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         priority = _per_prompt(list(priority) if priority is not None else 0, len(prompts), "priority")
+        loras = _per_prompt(
+            list(lora_request) if isinstance(lora_request, Seq) else lora_request, len(prompts), "lora_request"
+        )
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priority):
+            for prompt, p, prio, lora in zip(prompts, params, priority, loras):
                 p.verify_vocab(self.engine.model_cfg.vocab_size)
                 ids.append(str(next(self._ids)))
-                self.engine.add_request(ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens)
+                self.engine.add_request(
+                    ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens, lora_request=lora
+                )
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)
