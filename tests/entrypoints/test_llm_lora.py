@@ -189,6 +189,6 @@ def test_embedded_model_adapter_matches_peft(tmp_path):
     base.tie_weights()
     base.eval()
     lora = LoRARequest("smol", 1, make_adapter(base, tmp_path / "smol", 0, 8, ALL))
-    llm = LLM(kv_cache_memory=64 << 20, enable_lora=True, max_lora_rank=8)
+    llm = LLM(kv_cache_memory=64 << 20, max_model_len=256, enable_lora=True, max_lora_rank=8)
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora))
     assert got == peft_greedy(base, lora.lora_path, llm.get_tokenizer())
