@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -91,6 +91,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "dummy"],
         help="dummy: random weights in the shapes of the model's config.json (benchmarks)",
     )
+    g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters over the base model (docs/lora.md)")
+    g.add_argument("--max-loras", type=int, default=1, help="LoRA adapters on the device at once (one batch)")
+    g.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank accepted")
+    g.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="LoRA adapters kept in host memory (default: --max-loras)"
+    )
 
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
@@ -118,6 +124,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             policy=args.scheduling_policy,
         ),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
+        lora=LoRAConfig(args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras),
         device=args.device,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
