@@ -5,10 +5,11 @@ do not pay for torch."""
 
 from heron.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 _LAZY = {
     "LLM": "heron.entrypoints.llm",
+    "LoRARequest": "heron.lora_request",
     "SamplingParams": "heron.sampling_params",
     "RequestOutput": "heron.outputs",
     "CompletionOutput": "heron.outputs",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs
 from heron.sampling_params import SamplingParams
 
@@ -73,6 +74,10 @@ class ScheduledBatch:
     # for the token bitmask being filled on the host, one row per sampled row (num_samples of each sequence, in
     # order), [rows, ceil(V / 32)] int32 (a torch tensor); the runner asks for it after launching the forward.
     grammar_bitmask: Callable[[], object] | None = None
+    # With LoRA only (empty otherwise): each sequence's adapter slot (-1: the base model), and the adapters to
+    # load into their slots before the forward.
+    lora_slots: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)

@@ -126,11 +126,33 @@ class ParallelConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Multi-LoRA serving: `max_loras` adapters at once on the device (a batch mixes them), each of rank up to
+    `max_lora_rank`; `max_cpu_loras` adapters kept loaded in host memory (least recently used evicted)."""
+
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
+
+    def verify(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}.")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras}).")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     device: str = "auto"
     attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
@@ -143,6 +165,9 @@ class EngineConfig:
         self.cache.verify()
         self.scheduler.verify()
         self.parallel.verify()
+        self.lora.verify()
+        if self.lora.enable_lora and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet.")
         if self.parallel.tensor_parallel_size > 1 and not isinstance(self.model.model, str | None):
             # each rank loads its own slices of the checkpoint, so it needs where to find it
             raise ValueError("tensor_parallel_size > 1 needs the model as a path or hub id, not tensors in hand.")

@@ -37,6 +37,7 @@ from heron.engine.messages import (
     StepOutputs,
 )
 from heron.engine.output_assembler import OutputAssembler
+from heron.lora_request import LoRARequest
 from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 from heron.stats import EngineStats
@@ -207,6 +208,7 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Send a request to the engine and return its stream once the engine has accepted it. Its rejection
         raises ValueError (the message starts with the field at fault); a dead engine EngineDeadError.
@@ -224,7 +226,7 @@ class AsyncLLM:
         if self.dead is not None:
             self._unregister(stream)
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        self._outbox.put(AddRequest(request_id, prompt, prompt_ids, params, priority, add_special_tokens))
+        self._outbox.put(AddRequest(request_id, prompt, prompt_ids, params, priority, add_special_tokens, lora_request))
         try:
             await stream.accepted()
         except BaseException:
@@ -239,10 +241,11 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield outputs (of params.output_kind) until the request finishes. Invalid requests raise ValueError
         before the first output; leaving the iteration early (or being cancelled) aborts the request."""
-        stream = await self.add_request(prompt, params, request_id, priority, add_special_tokens)
+        stream = await self.add_request(prompt, params, request_id, priority, add_special_tokens, lora_request)
         try:
             async for out in stream:
                 yield out

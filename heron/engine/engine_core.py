@@ -100,6 +100,7 @@ def _add(engine, msg: AddRequest) -> tuple[str, str] | None:
             priority=msg.priority,
             add_special_tokens=msg.add_special_tokens,
             prompt_token_ids=msg.prompt_token_ids,
+            lora_request=msg.lora_request,
         )
     except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
         return type(e).__name__, str(e)

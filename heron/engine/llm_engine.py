@@ -24,6 +24,7 @@ from heron.engine.scheduler import Scheduler, SchedulerOutput
 from heron.executor.inflight import InflightStep
 from heron.executor.model_runner import ModelRunner
 from heron.executor.tp_worker import TPWorkers
+from heron.lora_request import LoRARequest
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.outputs import RequestOutput
@@ -81,7 +82,8 @@ class LLMEngine:
         num_blocks, num_cpu_blocks = start() if self.tp_workers is None else self.tp_workers.run(start)
         bs = config.cache.block_size
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, self.kv_window)
-        self.scheduler = Scheduler(sched, self.block_manager, num_cpu_blocks)
+        max_loras = config.lora.max_loras if config.lora.enable_lora else 0
+        self.scheduler = Scheduler(sched, self.block_manager, num_cpu_blocks, max_loras)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
@@ -150,14 +152,20 @@ class LLMEngine:
         priority: int = 0,
         add_special_tokens: bool = True,
         prompt_token_ids: list[int] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Request:
         """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
         A chat prompt already holds its special tokens: pass add_special_tokens=False. A text prompt's
         `prompt_token_ids`, when the caller has them (the server tokenizes in its own process), are taken
-        as they are instead of tokenizing here."""
+        as they are instead of tokenizing here. `lora_request`: the LoRA adapter to run with (enable_lora),
+        read and checked here (a bad adapter is a ValueError)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
+        if lora_request is not None:
+            if self.runner.lora is None:
+                raise ValueError("lora_request needs an engine started with enable_lora=True.")
+            self.runner.lora.get(lora_request)
         if params.beam_search is not None:
             if params.structured_outputs is not None:
                 raise ValueError("structured_outputs cannot be combined with beam search.")
@@ -191,7 +199,14 @@ class LLMEngine:
         params = replace(params, eos_token_ids=self.eos_token_ids, max_tokens=params.max_tokens or room)
         seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
         req = Request(
-            request_id, text, ids, params, arrival_time=arrival_time or time.time(), priority=priority, seed=seed
+            request_id,
+            text,
+            ids,
+            params,
+            arrival_time=arrival_time or time.time(),
+            priority=priority,
+            seed=seed,
+            lora_request=lora_request,
         )
         self.requests[request_id] = req
         if grammar is None:

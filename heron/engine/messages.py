@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs
 from heron.sampling_params import SamplingParams
 
@@ -47,6 +48,7 @@ class AddRequest:
     params: SamplingParams
     priority: int
     add_special_tokens: bool
+    lora_request: LoRARequest | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heron.batch import SamplingSpec
+from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs, RequestMetrics
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
@@ -58,6 +59,7 @@ class Sequence:
         self.num_sent_tokens = 0  # output tokens and text characters already in RequestOutputKind.DELTA outputs
         self.num_sent_chars = 0
         self.grammar = None  # structured outputs: its xgrammar GrammarMatcher (engine/structured_output.py)
+        self.lora_slot = -1  # its LoRA adapter's device slot while it holds one (lora_slots.py); -1: none
 
     @property
     def params(self) -> SamplingParams:
@@ -111,7 +113,7 @@ class Sequence:
     def update_block_hashes(self, block_size: int) -> list[bytes]:
         """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
         for i in range(len(self.block_hashes), len(self.token_ids) // block_size):
-            parent = self.block_hashes[i - 1] if i else b""
+            parent = self.block_hashes[i - 1] if i else self.request.cache_salt
             chunk = np.asarray(self.token_ids[i * block_size : (i + 1) * block_size], dtype=np.int64)
             self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
         return self.block_hashes
@@ -133,6 +135,7 @@ class Request:
     # A beam search's state, beam_search.BeamSearch (not named here: that module imports this one); while it
     # runs, `seqs` are the live beams.
     beam: object | None = None
+    lora_request: LoRARequest | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +147,12 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @functools.cached_property
+    def cache_salt(self) -> bytes:
+        """The start of its blocks' hash chain: a LoRA adapter's K/V differ from the base model's, so each
+        adapter has a prefix cache of its own."""
+        return b"" if self.lora_request is None else b"lora:%d" % self.lora_request.lora_int_id
 
     @functools.cached_property
     def length_limit(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from heron.batch import ScheduledBatch
 from heron.config import SchedulerConfig
 from heron.engine.block_manager import BlockManager
+from heron.engine.lora_slots import LoRASlots
 from heron.engine.parallel_sampling import ParallelSampling
 from heron.engine.request import Sequence, SequenceStatus
 from heron.engine.swap_space import SwapSpace
@@ -43,7 +44,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_cpu_blocks: int = 0) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, num_cpu_blocks: int = 0, max_loras: int = 0
+    ) -> None:
         self.config = config
         self.bm = block_manager
         self.waiting = WaitingQueue(config.policy)
@@ -51,6 +54,7 @@ class Scheduler:
         self.swap = SwapSpace(block_manager, num_cpu_blocks)
         self.forks = ParallelSampling(block_manager)
         self.num_preemptions = 0
+        self.loras = LoRASlots(max_loras) if max_loras else None  # LoRA adapters' device slots (enable_lora)
 
     # -- ranking -------------------------------------------------------------------------------------
 
@@ -85,11 +89,15 @@ class Scheduler:
             self.waiting.remove(seq)
         self.swap.discard(seq)
         self.bm.free_seq(seq)
+        self._release_lora(seq)
         seq.status = SequenceStatus.FINISHED
 
     def fork(self, seq: Sequence) -> list[Sequence]:
         """The other n - 1 samples of `seq`, whose first draw has been read back; they run from now on."""
         children = self.forks.fork(seq)
+        for child in children if seq.lora_slot >= 0 else ():
+            self.loras.retain(seq.lora_slot)
+            child.lora_slot = seq.lora_slot
         self.running += children
         return children
 
@@ -164,13 +172,14 @@ class Scheduler:
         """Waiting sequences, new or preempted, with whatever the prefix cache already holds (a request that
         has not forked yet takes the seats of all its n samples)."""
         while budget > 0 and not self.swap.queue and (seq := self.waiting.first()) is not None:
-            if seats < seq.num_samples:
+            if seats < seq.num_samples or not self._acquire_lora(seq):
                 break
             # A prompt's logprobs come from computing it: one that asks for them reads nothing from the cache.
             cached = [] if seq.request.needs_prompt_logprobs else self.bm.find_cached(seq)
             n = min(seq.num_uncomputed_tokens - len(cached) * self.bm.block_size, budget)
             copies = self.bm.allocate(seq, n, cached)
             if copies is None:
+                self._release_lora(seq)
                 break
             if seq.request.metrics.first_scheduled_time is None:
                 self.bm.count_query(seq.num_prompt_tokens)
@@ -197,8 +206,25 @@ class Scheduler:
             out.batch.swap_out += copies
         else:
             self.bm.free_seq(seq)
+            self._release_lora(seq)
             seq.status = SequenceStatus.WAITING
             self.waiting.push(seq, preempted=True)
+
+    def _acquire_lora(self, seq: Sequence) -> bool:
+        """Give a sequence about to be admitted its adapter's slot; False when no slot is free for it."""
+        lora = seq.request.lora_request
+        if lora is None or seq.lora_slot >= 0:
+            return True
+        slot = self.loras.acquire(lora)
+        if slot is None:
+            return False
+        seq.lora_slot = slot
+        return True
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if seq.lora_slot >= 0:
+            self.loras.release(seq.lora_slot)
+            seq.lora_slot = -1
 
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Priority policy: a waiting request ranked above a running one takes its place when the batch
@@ -213,8 +239,7 @@ class Scheduler:
                 return
             self._preempt(worst, out)
 
-    @staticmethod
-    def _describe(out: SchedulerOutput) -> None:
+    def _describe(self, out: SchedulerOutput) -> None:
         """The rest of the runner's plain view of the step, read off the scheduled sequences."""
         seqs, b = out.seqs, out.batch
         b.seq_ids = [s.seq_id for s in seqs]
@@ -225,6 +250,9 @@ class Scheduler:
         b.prompt_logprobs = [
             i for i, s in enumerate(seqs) if s.request.prompt_logprobs is not None and s.request.needs_prompt_logprobs
         ]
+        if self.loras is not None and seqs:  # (an empty step is not run: its loads wait for the next)
+            b.lora_slots = [s.lora_slot for s in seqs]
+            b.lora_loads = self.loras.take_loads()
 
     # -- after the step is launched ----------------------------------------------------------------------
 

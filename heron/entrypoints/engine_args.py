@@ -112,11 +112,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="fp8: quantize a 16/32-bit checkpoint's projections to FP8 (e4m3) W8A8 while loading "
         "(a quantized checkpoint is read as its config.json says, without this flag)",
     )
+    g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters over the base model (docs/lora.md)")
+    g.add_argument("--max-loras", type=int, default=1, help="LoRA adapters on the device at once (one batch)")
+    g.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank accepted")
+    g.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="LoRA adapters kept in host memory (default: --max-loras)"
+    )
 
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
     """EngineConfig from the flags of add_engine_args; `model_extra` sets further ModelConfig fields."""
-    from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig  # torch: lazily
+    from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     return EngineConfig(
         model=ModelConfig(
@@ -143,6 +149,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             policy=args.scheduling_policy,
         ),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
+        lora=LoRAConfig(args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras),
         device=args.device,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from heron.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from heron.engine.llm_engine import LLMEngine
 from heron.inputs import PromptType, engine_prompt, prompt_list
+from heron.lora_request import LoRARequest
 from heron.models.loader import ModelSource
 from heron.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from heron.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -47,6 +48,10 @@ class LLM:
         tensor_parallel_size: int = 1,
         quantization: str | None = None,
         trust_remote_code: bool = False,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
         every architecture it supports, never code from the model's folder."""
@@ -73,6 +78,7 @@ class LLM:
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy
             ),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            lora=LoRAConfig(enable_lora, max_loras, max_lora_rank, max_cpu_loras),
             device=device,
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
@@ -107,15 +113,18 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Seq[int] | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt is a string, a
         TextPrompt, a TokensPrompt or a list of token ids (heron/inputs.py). `prompts` may also be any other
         iterable (a generator over a big file): it is read as the engine makes room (`generate_iter`), never
-        held whole."""
+        held whole. `lora_request`: one LoRA adapter for all prompts, or one (or None) per prompt."""
         if not isinstance(prompts, (str, list, tuple)):
+            if lora_request is not None:
+                raise ValueError("lora_request is taken with a list of prompts, not an iterable.")
             bar = tqdm(desc="Processed prompts", disable=not use_tqdm)
             return [bar.update(1) or out for out in self.generate_iter(prompts, sampling_params)]
-        return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
+        return self._generate(prompts, sampling_params, use_tqdm, priority, True, lora_request)
 
     def generate_iter(
         self,
@@ -183,17 +192,22 @@ class LLM:
             for rid in ids:
                 self.engine.abort(rid)
 
-    def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool):
+    def _generate(self, prompts, sampling_params, use_tqdm, priority, add_special_tokens: bool, lora_request=None):
         prompts = [engine_prompt(p) for p in prompt_list(prompts)]
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts), "sampling_params")
         params = [replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         priority = _per_prompt(list(priority) if priority is not None else 0, len(prompts), "priority")
+        loras = _per_prompt(
+            list(lora_request) if isinstance(lora_request, Seq) else lora_request, len(prompts), "lora_request"
+        )
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priority):
+            for prompt, p, prio, lora in zip(prompts, params, priority, loras):
                 p.verify_vocab(self.engine.model_cfg.vocab_size)
                 ids.append(str(next(self._ids)))
-                self.engine.add_request(ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens)
+                self.engine.add_request(
+                    ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens, lora_request=lora
+                )
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)

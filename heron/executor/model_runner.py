@@ -3,6 +3,8 @@ tensor: the weights, the paged KV cache (and its host-side swap space), the atte
 
 Inputs are built with numpy and copied to the device in one copy a step; the only device-to-host transfer
 of a step is reading the sampled tokens (and their logprobs when asked) at the end.
+
+Length: the one owner of a step's tensors; its parts (layout, buffers, graph keys, LoRA) are modules of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from heron.distributed import get_tp_world_size
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
+from heron.executor.lora_manager import LoRAManager
 from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
 from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
 from heron.kernels.gemm.plans import MatmulPlans, use_plans
@@ -60,6 +63,7 @@ class ModelRunner:
         self.matmul_plans = MatmulPlans()  # the projections' tuned BLAS kernels (_tune_matmuls), kept by the layers
         self.model = self._load_model(source)
         sched = config.scheduler
+        self.lora = LoRAManager.build(self.model, config, device)  # None without enable_lora
         if device.type == "cuda" and config.matmul_tuning:
             self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
@@ -422,6 +426,8 @@ class ModelRunner:
         starts = np.array(batch.num_computed, dtype=np.int64)
         t = token_layout(batch.num_tokens, starts, self._arange)
         graph = self.graph_keys.for_step(t.total, num_seqs, t.decode)
+        if self.lora is not None:
+            self.lora.prepare(batch.lora_loads, batch.lora_slots, t.seq_of_token, graph[0] if graph else t.total)
         rows = sampling_rows(batch, t.seq_lens, t.qsl)
         prompt_lp = prompt_logprob_rows(batch, starts, t.seq_lens, t.qsl)
         # the logits rows are the step's first rows: a view of the hidden states (or of a graph's logits)
