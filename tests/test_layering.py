@@ -37,9 +37,16 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
+def _is_main_block(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
 def _imports(path: Path, module: str, top_level_only: bool) -> set[str]:
-    """The heron modules `module` imports (for `from heron.x import y`, heron.x.y when that is a module)."""
+    """The heron modules `module` imports (for `from heron.x import y`, heron.x.y when that is a module). An
+    `if __name__ == "__main__":` block is the module run as a program (`python -m`), not something it depends
+    on, and is left out."""
     tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not _is_main_block(n)]
     nodes = tree.body if top_level_only else ast.walk(tree)
     found = set()
     for node in nodes:
@@ -63,9 +70,10 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
 
 
 def _layer(module: str) -> int | None:
-    """None for the shared top-level modules; the package __init__ ranks above every layer."""
+    """None for the shared top-level modules; the package's __init__ and __main__ (`python -m heron`) rank
+    above every layer."""
     parts = module.split(".")
-    if module == "heron":
+    if module in ("heron", "heron.__main__"):
         return 99
     return LAYERS.get(parts[1]) if len(parts) > 2 or parts[1] in LAYERS else None
 

@@ -4,7 +4,10 @@ The socket opens at once and the model loads in a background thread, so /health 
 ready. SIGTERM / SIGINT stop accepting connections and give in-flight requests --shutdown-timeout seconds
 to finish; a stream still running then ends with an error event and [DONE], a plain request with a 503;
 then the engine stops and the server exits 0. If the engine dies, every request in flight gets an error at
-once and the server exits 1, for its supervisor to restart it (as vLLM does)."""
+once and the server exits 1, for its supervisor to restart it (as vLLM does).
+
+Length: every route is here, each a few lines over its serving_* handler, so that the app reads as one table;
+the start-up and shutdown sequence is the rest."""
 
 from __future__ import annotations
 

@@ -12,7 +12,11 @@ choice of its format.
 Fairness: a request's prompts enter the engine at most WAITING_PER_REQUEST at a time (the next one when
 one of them has its first token), so that a request of many prompts queues behind a later small request
 by a few prompts at most instead of all of them. Only the first ones are checked before the response:
-a later prompt the engine rejects fails a plain request with a 400 and a stream with an error event."""
+a later prompt the engine rejects fails a plain request with a 400 and a stream with an error event.
+
+Length: the request path every endpoint shares, from fields to sampling parameters (with the field
+policy's cross-field rules, best_of, beam search and structured outputs) to the chat template, admission and
+logprobs; the next split is the sampling-parameter building into a module of its own."""
 
 from __future__ import annotations
 
