@@ -95,6 +95,7 @@ class StructuredOutputManager:
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)  # (cached here, by key)
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-compile")
         self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-mask")
+        self._batch_matcher = xgr.BatchGrammarMatcher()  # fills a step's rows on xgrammar's own threads
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         # One host bitmask for the step's rows, pinned on a GPU so that its upload is queued, not waited for. A
@@ -129,13 +130,27 @@ class StructuredOutputManager:
         """Start filling the bitmask of a step's sampled rows (None: a row without a grammar, all allowed) in a
         thread; returns the call that waits for it: [len(matchers), W] int32 on the host."""
         mask = self._bitmask[: len(matchers)]
-        future = self._fill_pool.submit(_fill, matchers, mask)
+        future = self._fill_pool.submit(_fill, self._batch_matcher, matchers, mask)
         return future.result
 
 
-def _fill(matchers: list[xgr.GrammarMatcher | None], mask: torch.Tensor) -> torch.Tensor:
+def _fill(
+    batch: xgr.BatchGrammarMatcher, matchers: list[xgr.GrammarMatcher | None], mask: torch.Tensor
+) -> torch.Tensor:
+    """Each distinct matcher's row once (the n rows of a request's first draw share one), then the copies."""
     mask.fill_(-1)
+    first: dict[int, int] = {}
+    rows, distinct, copies = [], [], []
     for i, m in enumerate(matchers):
-        if m is not None:
-            m.fill_next_token_bitmask(mask, i)
+        if m is None:
+            continue
+        j = first.setdefault(id(m), i)
+        if j == i:
+            rows.append(i)
+            distinct.append(m)
+        else:
+            copies.append((i, j))
+    batch.batch_fill_next_token_bitmask(distinct, mask, rows)
+    for i, j in copies:
+        mask[i] = mask[j]
     return mask
