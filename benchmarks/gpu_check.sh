@@ -93,9 +93,11 @@ for s in $SECTIONS; do case $s in
   structured)  # issue 20: the 0.6B workload with every request under a JSON schema vs unconstrained, same run
     # (heron/bench/structured.py; ratio_vs_unconstrained >= 0.9). The shapes' word-level tokenizers spell no JSON,
     # so the requests decode with the embedded SmolLM2 tokenizer (a real BPE vocabulary; ids past it are masked).
-    python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('/tmp/shapes/smollm2-tokenizer')"
+    # Where the embedded model's package is absent (the device image), carry its tokenizer: STRUCTURED_TOKENIZER=DIR.
+    TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
+    [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
     run structured-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
-        --tokenizer /tmp/shapes/smollm2-tokenizer --structured-output json-schema --no-limit \
+        --tokenizer "$TOK" --structured-output json-schema --no-limit \
         --save-result --result-name structured-qwen3-0.6b --max-model-len 4096 ;;
   gemma)  # issue 22's dense half: the attention variants' and GeGLU's kernel tests on the GPU (Gemma 2's shapes:
     # head_dim 256, window, soft cap), Gemma 2 against transformers (fp32 greedy, bf16 logits, 128-token window),
