@@ -335,13 +335,10 @@ class LLMEngine:
         """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
         if not scheduled.seqs:
             return None
-        now = time.time()
-        for seq in scheduled.seqs:
-            if seq.request.metrics.first_scheduled_time is None:
-                seq.request.metrics.first_scheduled_time = now
-        grammars = [s.grammar for s, k in zip(scheduled.seqs, scheduled.batch.num_samples) for _ in range(k)]
-        grammar = any(g is not None for g in grammars)
+        # (No pass over the step's rows unless some request ever had a grammar: this is the hot path.)
+        grammar = self._structured is not None and any(s.grammar is not None for s in scheduled.seqs)
         if grammar:
+            grammars = [s.grammar for s, k in zip(scheduled.seqs, scheduled.batch.num_samples) for _ in range(k)]
             scheduled.batch.grammar_bitmask = self._structured.fill_bitmask(grammars)
         execute = self.runner.execute
         step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
