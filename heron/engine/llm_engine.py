@@ -335,6 +335,10 @@ class LLMEngine:
         """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
         if not scheduled.seqs:
             return None
+        now = time.time()
+        for seq in scheduled.seqs:
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = now
         # (No pass over the step's rows unless some request ever had a grammar: this is the hot path.)
         grammar = self._structured is not None and any(s.grammar is not None for s in scheduled.seqs)
         if grammar:

@@ -10,7 +10,6 @@ room (swap_space.py), else recomputed later. Requests with n > 1 fork once their
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from heron.batch import ScheduledBatch
@@ -182,10 +181,9 @@ class Scheduler:
             if copies is None:
                 self._release_lora(seq)
                 break
-            if seq.request.metrics.first_scheduled_time is None:  # its first admission
+            if seq.request.metrics.first_scheduled_time is None:
                 self.bm.count_query(seq.num_prompt_tokens)
                 seq.num_cached_tokens = seq.num_computed_tokens
-                seq.request.metrics.first_scheduled_time = time.time()
             self.waiting.pop()
             out.batch.block_copies += copies
             self._admit(seq, n, out)

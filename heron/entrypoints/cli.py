@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     from heron.bench import cli as bench_cli
     from heron.entrypoints import chat_cli
     from heron.entrypoints.openai import cli as serve_cli
-    from heron.entrypoints.openai import run_batch
+    from heron.entrypoints.openai import run_batch_cli
 
     parser = argparse.ArgumentParser(prog="heron", description="Heron: LLM inference engine and server")
     parser.add_argument("--version", action="version", version=f"heron {__version__}")
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_generate(sub)
     chat_cli.register(sub)
     bench_cli.register(sub)
-    run_batch.register(sub)
+    run_batch_cli.register(sub)
     return parser
 
 

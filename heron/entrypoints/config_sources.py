@@ -69,6 +69,8 @@ class ConfigSourcesParser(argparse.ArgumentParser):
                 continue
             names = [o[2:] for o in action.option_strings if o.startswith("--")] or [action.dest.replace("_", "-")]
             for name in names:
+                if name in out and not out[name][0].option_strings:
+                    continue  # a positional keeps its name (`model`, also a --model flag, sets the positional)
                 negated = isinstance(action, argparse.BooleanOptionalAction) and name.startswith("no-")
                 out[name] = (action, negated)
         return out

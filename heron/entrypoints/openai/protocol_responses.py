@@ -4,7 +4,7 @@ response object as the openai SDK parses it. Fields Heron does not take are refu
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -58,6 +58,11 @@ class ResponsesRequest(IgnoredFields):
     top_logprobs: ranged("logprobs") | None = Field(None, description="Not supported yet: 0 or null only.")
     # Declared (completions' `prompt` is another field) so that its refusal can say why (serving_responses).
     prompt: dict | None = Field(None, description="Not supported: Heron keeps no prompt templates.")
+    # Chat's tool fields are implemented, so the refusal table cannot hold them; here they are declared so that
+    # serving_responses refuses them with its own reason.
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet on /v1/responses: use chat.")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="Not supported yet: none only.")
+    parallel_tool_calls: bool | None = Field(None, description="Not supported yet (no tools).")
 
 
 class OutputText(OpenAIBaseModel):

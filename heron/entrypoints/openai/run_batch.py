@@ -16,10 +16,8 @@ again) and appends the rest: nothing written is lost or written twice.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +26,6 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from heron.entrypoints.engine_args import add_engine_args, engine_config
 from heron.entrypoints.llm import LLM
 from heron.entrypoints.openai.errors import ApiError, api_error
 from heron.entrypoints.openai.limits import DEFAULT_MAX_SEQS_PER_REQUEST, RequestLimits, longest_token
@@ -49,34 +46,6 @@ from heron.outputs import RequestOutput
 from heron.sampling_params import SamplingParams
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "run-batch",
-        help="run an OpenAI Batch API file (JSONL) offline",
-        description=(__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object a line")
-    p.add_argument("-o", "--output-file", required=True, help="the results, one JSON object a line")
-    p.add_argument("--resume", action="store_true", help="skip the custom_ids already in the output file")
-    p.add_argument("--model", default=None, help="HF folder, hub id or .gguf file (default: the embedded model)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    add_engine_args(p)
-    p.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    llm = LLM.from_config(engine_config(args))
-    done = resume_output(args.output_file) if args.resume else set()
-    with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
-        summary = run_batch(llm, args.input_file, out, done, args.progress)
-    print(
-        f"{summary.written} results written ({summary.errors} errors), {len(done)} skipped as already done",
-        file=sys.stderr,
-    )
-    return 0
 
 
 def resume_output(path: str) -> set[str]:
@@ -133,8 +102,9 @@ class BatchRunner:
         )
         names = [engine.model_name]
         # (their sync halves only: request -> SamplingParams and prompt, output -> choices; no HTTP, no admission)
-        self.chat = OpenAIServingChat(engine, names, None, None, limits)
-        self.completion = OpenAIServingCompletion(engine, names, None, None, limits)
+        common = dict(engine=engine, served_model_names=names, metrics=None, admission=None, limits=limits)
+        self.chat = OpenAIServingChat(**common)
+        self.completion = OpenAIServingCompletion(**common)
 
     def parse(self, line: str) -> Job:
         try:

@@ -34,6 +34,17 @@ class OpenAIServingResponses(OpenAIServing):
             raise ApiError(400, "prompt (a stored prompt template) is not supported: Heron keeps none.", param="prompt")
         if req.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported yet on /v1/responses.", param="top_logprobs")
+        if req.tools or req.tool_choice not in (None, "none") or req.parallel_tool_calls:
+            field = (
+                "tools"
+                if req.tools
+                else "tool_choice"
+                if req.tool_choice not in (None, "none")
+                else "parallel_tool_calls"
+            )
+            raise ApiError(
+                400, f"{field} is not supported yet on /v1/responses: use /v1/chat/completions.", param=field
+            )
         sampling = SamplingRequest(
             temperature=req.temperature, top_p=req.top_p, stream=req.stream, store=req.store, user=req.user
         )

@@ -80,7 +80,7 @@ def test_refusal_table_holds_only_undeclared_fields():
 def test_unknown_fields_nulls_and_ignored_ones(server):
     chat = SCHEMAS["/v1/chat/completions"][1]
     cases = [
-        ({**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported yet"),
+        ({**chat, "functions": [{"name": "f"}]}, "functions", "use `tools`"),
         ({**chat, "frobnicate": True}, "frobnicate", "not a field Heron knows"),
         ({**chat, "messages": [{"role": "user", "content": "Hi", "colour": "red"}]}, "messages.[0].colour", "colour"),
         ({**chat, "stream": True, "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x", "'x'"),

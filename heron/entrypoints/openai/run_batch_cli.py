@@ -1,0 +1,41 @@
+"""`heron run-batch`'s flags, apart from run_batch.py so that `heron --help` imports neither torch nor the
+server's modules (run_batch.py is imported when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from heron.entrypoints.engine_args import add_engine_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run-batch",
+        help="run an OpenAI Batch API file (JSONL) offline",
+        description="Run an OpenAI Batch API file (JSONL) in-process, as `vllm run-batch` does "
+        "(heron/entrypoints/openai/run_batch.py).",
+    )
+    p.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object a line")
+    p.add_argument("-o", "--output-file", required=True, help="the results, one JSON object a line")
+    p.add_argument("--resume", action="store_true", help="skip the custom_ids already in the output file")
+    p.add_argument("--model", default=None, help="HF folder, hub id or .gguf file (default: the embedded model)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_engine_args(p)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from heron.entrypoints.engine_args import engine_config
+    from heron.entrypoints.llm import LLM
+    from heron.entrypoints.openai.run_batch import resume_output, run_batch
+
+    llm = LLM.from_config(engine_config(args))
+    done = resume_output(args.output_file) if args.resume else set()
+    with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
+        summary = run_batch(llm, args.input_file, out, done, args.progress)
+    print(
+        f"{summary.written} results written ({summary.errors} errors), {len(done)} skipped as already done",
+        file=sys.stderr,
+    )
+    return 0
