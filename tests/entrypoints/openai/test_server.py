@@ -212,8 +212,11 @@ def test_metrics(server, client):
     assert m["heron:request_success_total{finished_reason=length}"] >= 1
     assert m["heron:e2e_request_latency_seconds_count"] >= 1 and m["heron:inter_token_latency_seconds_count"] >= 2
     assert m["heron:prefix_cache_queries_total"] >= m["heron:prefix_cache_hits_total"]
-    for phase in ("queue", "inference", "prefill", "decode"):
-        assert m[f"heron:request_{phase}_time_seconds_count"] == m["heron:e2e_request_latency_seconds_count"]
+    # Every finished request has an end-to-end latency; the phases only those that ran (one aborted while it
+    # waited, by another module's client on this shared server, has none), and prefill/decode those with a token.
+    e2e, phase = m["heron:e2e_request_latency_seconds_count"], lambda p: m[f"heron:request_{p}_time_seconds_count"]
+    assert 1 <= phase("queue") == phase("inference") <= e2e
+    assert 1 <= phase("prefill") <= phase("queue") and 1 <= phase("decode") <= e2e
     assert m["heron:request_generation_tokens_sum"] >= 3 and m["heron:request_params_max_tokens_count"] >= 1
     (info,) = families["heron:cache_config_info"].samples
     assert info.value == 1 and int(info.labels["num_gpu_blocks"]) > 0 and info.labels["block_size"] == "16"
