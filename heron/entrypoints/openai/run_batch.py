@@ -137,13 +137,7 @@ class BatchRunner:
             req = ChatCompletionRequest.model_validate(body)
             serving = self.chat
             serving.model_name(req.model)
-            max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-            params = serving.sampling_params(
-                req,
-                max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-                logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-                renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
-            )
+            params, _ = serving.chat_sampling_params(req)
             job.prompts = [serving.render(req.messages, req)]
         elif job.url == COMPLETIONS:
             req = CompletionRequest.model_validate(body)

@@ -31,6 +31,7 @@ from heron.entrypoints.openai.protocol import (
 from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing, message_text
 from heron.entrypoints.openai.serving_tools import CallExtractor, ToolCalling
 from heron.outputs import Logprobs
+from heron.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -43,13 +44,7 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
         tools = ToolCalling(req, self.tool_call_parser)
-        max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        params = self.sampling_params(
-            req,
-            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-            renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
-        )
+        params, max_param = self.chat_sampling_params(req)
         if tools.structured_outputs is not None:
             if params.structured_outputs is not None:
                 raise ApiError(
@@ -141,6 +136,18 @@ class OpenAIServingChat(OpenAIServing):
             usage=usage,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def chat_sampling_params(self, req: ChatCompletionRequest) -> tuple[SamplingParams, str]:
+        """The request's SamplingParams, and the field its length limit came from (max_completion_tokens, or
+        the older max_tokens), which errors name."""
+        max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        params = self.sampling_params(
+            req,
+            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            renames={"max_tokens": max_param, "logprobs": "top_logprobs"},
+        )
+        return params, max_param
 
     def _choice(
         self,
