@@ -60,6 +60,10 @@ for s in $SECTIONS; do case $s in
     run latency-llama-fp8 heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --quantization fp8 --save-result --result-name latency-llama3.1-8b-fp8-bs1 --max-model-len 4096 ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
+  profile-many) run profile-many python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b many ;;  # issue 23
+  gpu-monitor)  # issue 28: the offline 0.6B workload with what the GPU did beside it (NVML, nvidia-ml-py)
+    run offline-gpumon-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
+        --gpu-monitor --save-result --result-name offline-gpumon-qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \

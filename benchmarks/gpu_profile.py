@@ -5,7 +5,8 @@ the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the hos
 the kernels of a prefill step (one 128-token prompt, the latency benchmark's TTFT; and a full 8192-token
 chunk); and the offline benchmark's workload step by step (wall time by kind of step and batch size).
 
-    python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline; default all)
+    python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many;
+    default all but many)
 """
 
 from __future__ import annotations
@@ -148,9 +149,11 @@ def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
         engine.step()
 
 
-def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: int = 8) -> None:
-    """The offline benchmark's workload (256 requests, 100-1024 in / out) step by step: the wall time
-    between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
+def timeline(
+    llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: int = 8, requests: list | None = None
+) -> None:
+    """The offline benchmark's workload (by default 256 requests, 100-1024 in / out) step by step: the wall
+    time between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
     first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
     kernels and idle gaps printed; the profiler slows those steps a little)."""
     from heron.bench.datasets import random_token_requests
@@ -165,7 +168,7 @@ def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: 
         return batch
 
     engine.scheduler.schedule = recording
-    for i, r in enumerate(random_token_requests()):
+    for i, r in enumerate(requests or random_token_requests()):
         engine.add_request(
             f"t{i}",
             r.prompt_token_ids,
@@ -219,6 +222,27 @@ def timeline(llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: 
         )
 
 
+def many(llm: LLM, num_prompts: int = 20000) -> None:
+    """Issue 23's workload (short prompts and outputs, uniform [16, 64]): its timeline, then the host's
+    Python under cProfile over a third of the requests (top functions by own time)."""
+    import cProfile
+    import pstats
+
+    from heron.bench.datasets import random_token_requests
+
+    workload = dict(input_len=(16, 64), output_len=(16, 64))
+    timeline(llm, profile_at=(), requests=random_token_requests(num_prompts, **workload))
+    requests = random_token_requests(num_prompts // 3, seed=1, **workload)
+    params = [SamplingParams(temperature=0.6, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in requests], params, use_tqdm=False)
+    profiler.disable()
+    print(f"many under cProfile: {len(requests)} requests in {time.perf_counter() - start:.2f} s")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
+
+
 def _mean_context(engine) -> float:
     running = engine.scheduler.running
     return sum(len(s.token_ids) for s in running) / max(1, len(running))
@@ -237,6 +261,8 @@ def main(shape_dir: str, parts: list[str]) -> None:
             prefill_table(llm, num_prompts, prompt_len)
     if "timeline" in parts:
         timeline(llm)
+    if "many" in parts:
+        many(llm)
 
 
 if __name__ == "__main__":
