@@ -160,13 +160,13 @@ class InputBuffers:
         return rows
 
 
-def pad_to_graph(h: SimpleNamespace, num_tokens: int, num_seqs: int, key: tuple[int, int]) -> None:
+def pad_to_graph(h: SimpleNamespace, num_tokens: int, num_seqs: int, key: tuple[int, ...]) -> None:
     """Fill the rows past a step's counts in the arrays `h` (numpy) of the captured graph `key` = (tokens,
-    seqs) that runs it: tokens with harmless ids and no cache write (slot -1), sequences with no keys. In a
+    seqs, ...) that runs it: tokens with harmless ids and no cache write (slot -1), sequences with no keys. In a
     decode graph each padded sequence owns its padded row (the decode kernel reads row b as sequence b); in
     a prefill graph padded sequences own no rows (query_start_loc stays at the step's total), and the rows
     past it belong to no sequence."""
-    tokens, seqs = key
+    tokens, seqs = key[:2]
     if tokens == num_tokens and seqs == num_seqs:  # a full decode batch, the common step
         return
     h.input_ids[num_tokens:tokens] = 0

@@ -135,7 +135,7 @@ class ModelRunner:
         keys = GraphKeys.plan(sched.max_num_seqs, sched.max_num_batched_tokens, prefill=True)
         rows = [
             m
-            for m in {*keys.decode_sizes, *(t for t, _ in keys.prefill), sched.max_num_batched_tokens}
+            for m in {*keys.decode_sizes, *(k[0] for k in keys.prefill + keys.mixed), sched.max_num_batched_tokens}
             if m > GEMV_MAX_ROWS
         ]
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
@@ -293,11 +293,11 @@ class ModelRunner:
             # attention variants among them), and backend and GEMV workspaces reach their final size (a buffer
             # reallocated after a capture would leave a graph pointing at freed memory).
             for key in keys.all():
-                arrays = b.arrays(*key)
+                arrays = b.arrays(*key[:2])
                 pad_to_graph(arrays.np, 0, 0, key)
                 b.upload(arrays)
-                query_len = 1 if is_decode(key) else key[0]  # a prefill graph's grids cover all its tokens
-                steps[key] = (arrays.dev, self.attention_metadata(arrays, query_len, query_len, cuda_graph=True))
+                # the graph's attention grids cover chunks of up to key[2] tokens
+                steps[key] = (arrays.dev, self.attention_metadata(arrays, key[2], key[2], cuda_graph=True))
                 self._graph_forward(key, *steps[key])
                 torch.cuda.synchronize(self.device)  # before the host bytes of the next key are written
             pool = None
@@ -311,10 +311,12 @@ class ModelRunner:
         self.graph_keys = keys
         torch.cuda.empty_cache()
         logger.info(
-            "captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens) in %.1f s; they hold %.0f MiB",
+            "captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens, mixed steps up to %s) in "
+            "%.1f s; they hold %.0f MiB",
             len(self.graphs),
             keys.decode_sizes[-1],
             keys.prefill[-1][0] if keys.prefill else "no",
+            keys.mixed[-1][0] if keys.mixed else "none",
             time.perf_counter() - start,
             (torch.cuda.memory_reserved(self.device) - reserved) / 2**20,
         )
@@ -346,7 +348,7 @@ class ModelRunner:
         num_sample = len(inputs.row_specs)
         logits_rows = num_sample if inputs.first_rows else d.logits_indices
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
-            self.step_sender.send(batch, inputs.arrays, inputs.graph is not None, inputs.meta, logits_rows)
+            self.step_sender.send(batch, inputs.arrays, inputs.graph, inputs.meta, logits_rows)
         logits = self.run_forward(inputs.arrays, inputs.graph, inputs.meta, logits_rows)
         if fill_mask := batch.grammar_bitmask:  # structured outputs: filled on the host during the forward
             inputs.sampling.token_bitmask = fill_mask().to(self.device, non_blocking=True)
@@ -425,7 +427,7 @@ class ModelRunner:
         b, num_seqs = self.buffers, len(batch)
         starts = np.array(batch.num_computed, dtype=np.int64)
         t = token_layout(batch.num_tokens, starts, self._arange)
-        graph = self.graph_keys.for_step(t.total, num_seqs, t.decode)
+        graph = self.graph_keys.for_step(t.total, num_seqs, t.decode, t.max_query_len)
         if self.lora is not None:
             self.lora.prepare(batch.lora_loads, batch.lora_slots, t.seq_of_token, graph[0] if graph else t.total)
         rows = sampling_rows(batch, t.seq_lens, t.qsl)
@@ -435,7 +437,7 @@ class ModelRunner:
 
         num_rows = len(rows.specs)
         num_logits = 0 if first_rows else num_rows + len(prompt_lp.indices)
-        arrays = b.arrays(*(graph or (t.total, num_seqs)), num_logits, len(prompt_lp.targets))
+        arrays = b.arrays(*(graph[:2] if graph else (t.total, num_seqs)), num_logits, len(prompt_lp.targets))
         h = arrays.np
         h.query_start_loc[: num_seqs + 1] = t.qsl
         h.seq_lens[:num_seqs] = t.seq_lens

@@ -24,13 +24,14 @@ import torch.distributed as dist
 
 from heron.attention import AttentionMetadata
 from heron.batch import ScheduledBatch
+from heron.executor.graph_keys import GraphKey
 from heron.executor.input_buffers import StepArrays
 
 HEADER_LEN = 11  # kind, then the fields of the kind (zeros where unused)
 
 
 class Msg(enum.IntEnum):
-    STEP = 0  # num_tokens, num_seqs, graph (1: replay the graph keyed by those two counts, 0: eager),
+    STEP = 0  # num_tokens, num_seqs, graph (Q: replay the graph keyed by those two counts and Q, 0: eager),
     #           max_query_len, max_seq_len, logits indices, first logits rows (-1: the indices instead),
     #           swap-outs, swap-ins, block copies
     ALLOCATE = 1  # num_blocks, num_cpu_blocks: allocate the KV cache, then capture the CUDA graphs
@@ -72,20 +73,20 @@ class StepSender:
         self,
         batch: ScheduledBatch,
         arrays: StepArrays,
-        graph: bool,
+        graph: GraphKey | None,
         meta: AttentionMetadata,
         logits_rows: torch.Tensor | int,
     ) -> None:
         """The header and host lengths over the pipes, then the step's device inputs in one broadcast (the
-        padded rows of a graph's batch too: the graph reads all of them). `graph`: a captured graph runs
-        the step; its key is the arrays' padded counts, which the header carries anyway."""
+        padded rows of a graph's batch too: the graph reads all of them). `graph`: the captured graph that
+        runs the step (its first two counts are the arrays' padded ones, which the header carries anyway)."""
         first = logits_rows if isinstance(logits_rows, int) else -1
         moves = (batch.swap_out, batch.swap_in, batch.block_copies)
         head = header(
             Msg.STEP,
             arrays.num_tokens,
             arrays.num_seqs,
-            int(graph),
+            graph[2] if graph else 0,
             meta.max_query_len,
             meta.max_seq_len,
             len(arrays.dev.logits_indices),

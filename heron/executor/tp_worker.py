@@ -253,6 +253,6 @@ def _run_step(runner: ModelRunner, fields: list[int], rest: np.ndarray) -> None:
     ends = np.cumsum(num_moves).tolist()
     runner.move_blocks(pairs[: ends[0]], pairs[ends[0] : ends[1]], pairs[ends[1] :])
     dist.broadcast(arrays.shared, src=0)
-    key = (num_tokens, num_seqs) if graph else None
+    key = (num_tokens, num_seqs, graph) if graph else None
     meta = runner.attention_metadata(arrays, max_query_len, max_seq_len, cuda_graph=key is not None)
     runner.run_forward(arrays, key, meta, first if first >= 0 else arrays.dev.logits_indices)

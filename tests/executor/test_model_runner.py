@@ -1,8 +1,9 @@
 """Steps run in captured CUDA graphs give what eager steps give: prompts at and around the prefill graphs'
-token buckets, prompt logprobs through a graph step, a decode beside a new prompt in one step, and chunked
-prefill. On the GPU the graph engine captures and replays against an enforce_eager one; on the CPU (no
-graphs) its steps are padded to the same graphs' counts and run eagerly, which checks the padding and the
-logits rows of graph steps against unpadded steps."""
+token buckets, prompt logprobs through a graph step, a decode beside a new prompt in one step, chunked prefill,
+and many short requests (decode rows beside new prompts in the mixed graphs). On the GPU the graph engine
+captures and replays against an enforce_eager one; on the CPU (no graphs) its steps are padded to the same
+graphs' counts and run eagerly, which checks the padding and the logits rows of graph steps against unpadded
+steps."""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ DEVICES = [
 ]
 # prompt length -> the graph its one prefill step runs in (a decode graph for one token; eager past 512)
 LENGTHS = {
-    1: (1, 1),
-    15: (16, 8),
-    16: (16, 8),
-    17: (32, 8),
-    100: (128, 8),
-    128: (128, 8),
-    300: (512, 8),
-    512: (512, 8),
+    1: (1, 1, 1),
+    15: (16, 8, 16),
+    16: (16, 8, 16),
+    17: (32, 8, 32),
+    100: (128, 8, 128),
+    128: (128, 8, 128),
+    300: (512, 8, 512),
+    512: (512, 8, 512),
     513: None,
 }
 
@@ -72,7 +73,7 @@ def source() -> ModelSource:
 def _engines(source: ModelSource, device: str, **kw) -> tuple[LLM, LLM, list]:
     """The graph engine, its eager reference, and the list the graph engine records its steps in: (graph
     key or None, the kinds of its real rows)."""
-    common = dict(dtype="float32", device=device, max_num_seqs=8, kv_cache_memory=256 << 20, **kw)
+    common = dict(dtype="float32", device=device, max_num_seqs=8, kv_cache_memory=256 << 20) | kw
     graphs, eager = LLM(source, **common), LLM(source, enforce_eager=True, **common)
     runner = graphs.engine.runner
     if device == "cpu":
@@ -112,7 +113,7 @@ def test_prompts_around_the_buckets(source, device):
         steps.clear()
         got, want = (llm.generate(prompt, params, use_tqdm=False)[0] for llm in (graphs, eager))
         _assert_same(got, want)
-        assert [graph for graph, _ in steps] == [key] + [(1, 1)] * 3  # then batch-1 decode graphs
+        assert [graph for graph, _ in steps] == [key] + [(1, 1, 1)] * 3  # then batch-1 decode graphs
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,3 +141,20 @@ def test_a_decode_beside_new_prompts_and_chunked_prefill(source, device):
         _assert_same(outputs[0][rid], outputs[1][rid])
     assert all(key is not None for key, _ in steps)
     assert any(key[0] != key[1] and kinds == {"decode", "chunk"} for key, kinds in steps)  # a mixed graph step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_short_requests_run_in_mixed_graphs(source, device):
+    """More requests than sequence slots: as sequences finish, new prompts join the running decodes, and
+    those steps replay the mixed graphs (every slot, short and long query tiles)."""
+    graphs, eager, steps = _engines(source, device, max_num_seqs=16, max_num_batched_tokens=512)
+    gen = np.random.default_rng(2)
+    prompts = [gen.integers(2, 2048, n).tolist() for n in gen.integers(3, 90, 40)]
+    params = [SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True) for n in gen.integers(2, 12, 40)]
+    got, want = (llm.generate(prompts, params, use_tqdm=False) for llm in (graphs, eager))
+    for a, b in zip(got, want):
+        _assert_same(a, b)
+    mixed = {key for key, kinds in steps if key and key[1] == 16 and kinds == {"decode", "chunk"}}
+    assert 64 in {key[2] for key in mixed}  # short prompts only: one query tile row a sequence
+    assert any(key[2] == key[0] > 64 for key in mixed)  # a longer prompt beside them
+    assert all(key is not None for key, _ in steps)

@@ -79,7 +79,8 @@ def test_a_step_reaches_the_worker_with_its_graph(monkeypatch, graph, first_rows
     )
     batch = ScheduledBatch(swap_out=[(1, 2)], swap_in=[], block_copies=[(3, 4), (5, 6)])
     conn = _Conn()
-    StepSender(Pipes([conn])).send(batch, arrays, graph, meta, 2 if first_rows else arrays.dev.logits_indices)
+    key = (num_tokens, num_seqs, 16) if graph else None
+    StepSender(Pipes([conn])).send(batch, arrays, key, meta, 2 if first_rows else arrays.dev.logits_indices)
 
     worker = _Worker()
     serve_steps(worker, conn)  # one step, then the pipe is empty: EOF ends the loop
@@ -88,7 +89,7 @@ def test_a_step_reaches_the_worker_with_its_graph(monkeypatch, graph, first_rows
         (
             "forward",
             (num_tokens, num_seqs),
-            (num_tokens, num_seqs) if graph else None,
+            key,
             dict(lens=(6, 10), cuda_graph=graph, qsl=qsl.tolist(), seq_lens=(np.diff(qsl) + 4).tolist()),
             2 if first_rows else 3,
         ),
