@@ -42,7 +42,6 @@ class Launched(NamedTuple):
 
     scheduled: SchedulerOutput
     step: InflightStep
-    grammar: bool  # some row drew under a grammar: the next step's masks need its tokens on the host
 
 
 class LLMEngine:
@@ -316,22 +315,20 @@ class LLMEngine:
         or max_model_len is known in advance and not scheduled. A step whose tokens the next one needs on
         the host (an n > 1 request forking, repetition penalties) is read back at once.
 
-        Structured outputs (structured_output.py): a step with rows under a grammar is read back before the
-        next one is scheduled, so that every matcher has its sequence's last token; the next step's masks
-        are then filled on the host while its forward pass runs on the device."""
+        Structured outputs (structured_output.py): a step with rows under a grammar is scheduled and its
+        forward pass launched as any other; the runner then asks for its token masks (`_grammar_masks`),
+        which reads the step before back first (every matcher needs its sequence's last token) and fills the
+        masks on the host while the forward pass runs on the device; its sampling follows."""
         touched: dict[str, Request] = {}
         if self._compiling:
             if self._inflight is None and not self.scheduler.has_unfinished():  # nothing else to do: wait
                 wait([f for _, f in self._compiling.values()], timeout=0.1, return_when=FIRST_COMPLETED)
             self._admit_compiled(touched)
-        if self._inflight is not None and self._inflight.grammar:
-            self._read_back([self._inflight], touched)
-            self._inflight = None
         scheduled = self.scheduler.schedule()
-        launched = self._execute(scheduled)
+        launched = self._execute(scheduled, touched)
         return self._update(launched, touched)
 
-    def _execute(self, scheduled: SchedulerOutput) -> Launched | None:
+    def _execute(self, scheduled: SchedulerOutput, touched: dict[str, Request]) -> Launched | None:
         """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
         if not scheduled.seqs:
             return None
@@ -340,15 +337,28 @@ class LLMEngine:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
         # (No pass over the step's rows unless some request ever had a grammar: this is the hot path.)
-        grammar = self._structured is not None and any(s.grammar is not None for s in scheduled.seqs)
-        if grammar:
-            grammars = [s.grammar for s, k in zip(scheduled.seqs, scheduled.batch.num_samples) for _ in range(k)]
-            scheduled.batch.grammar_bitmask = self._structured.fill_bitmask(grammars)
+        if self._structured is not None and any(s.grammar is not None for s in scheduled.seqs):
+            scheduled.batch.grammar_bitmask = lambda: self._grammar_masks(scheduled, touched)
+        # Committed before the launch: the masks' read-back may finish sequences of this step.
+        self.scheduler.commit(scheduled)
         execute = self.runner.execute
         step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
-        self.scheduler.commit(scheduled)
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        return Launched(scheduled, step, grammar)
+        return Launched(scheduled, step)
+
+    def _grammar_masks(self, scheduled: SchedulerOutput, touched: dict[str, Request]):
+        """The token masks of a step's sampled rows, asked for by the runner once the step's forward pass is
+        launched: the step before is read back (its tokens advance the matchers), then the masks are filled.
+        A row whose sequence that read-back finished draws unmasked (its draw is dropped)."""
+        if self._inflight is not None:
+            self._read_back([self._inflight], touched)
+            self._inflight = None
+        grammars = [
+            None if s.is_finished else s.grammar
+            for s, k in zip(scheduled.seqs, scheduled.batch.num_samples)
+            for _ in range(k)
+        ]
+        return self._structured.fill_bitmask(grammars)
 
     def _update(self, launched: Launched | None, touched: dict[str, Request]) -> list[Request]:
         """Read back the step launched before `launched` (and `launched` itself when the next step needs its

@@ -15,10 +15,11 @@ and final, so nothing ever has to be rolled back: a sequence preempted by recomp
 matcher with them), and the pending draws dropped when a sequence finishes were never accepted.
 
 Each step, the rows that draw under a grammar get a token bitmask ([rows, ceil(V / 32)] int32, bit v of a row:
-token v allowed), filled on the host by `fill_bitmask` in a thread (xgrammar releases the GIL) while the device
-runs the forward pass; the sampler applies it to the logits (executor/sampler.py). The mask needs the row's
-previous token in its matcher, so LLMEngine reads back a step holding grammar rows before scheduling the next
-(no overlap of host and device work for those steps only). Steps without a grammar row are unchanged.
+token v allowed); the sampler applies it to the logits (executor/sampler.py). A mask needs its row's previous
+token in the matcher, so the step is pipelined in two halves (LLMEngine._grammar_masks): it is scheduled and its
+forward pass launched as any other while the step before is still on the device; then that step is read back,
+its tokens advance the matchers, and `fill_bitmask` fills the masks on xgrammar's threads (the GIL released)
+while the forward pass runs; the sampling is launched last. Steps without a grammar row are unchanged.
 
 JSON comes in xgrammar's compact layout (no free whitespace between tokens), so that a small model cannot spend
 its tokens on whitespace before the object closes.
@@ -30,7 +31,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -94,12 +95,12 @@ class StructuredOutputManager:
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)  # (cached here, by key)
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-compile")
-        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-mask")
         self._batch_matcher = xgr.BatchGrammarMatcher()  # fills a step's rows on xgrammar's own threads
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         # One host bitmask for the step's rows, pinned on a GPU so that its upload is queued, not waited for. A
-        # single buffer is enough: a step with grammar rows is read back before the next one is filled.
+        # single buffer is enough: a step's masks are filled after the step before is read back, and so after
+        # the upload of its masks.
         self._bitmask = xgr.allocate_token_bitmask(max_num_seqs, vocab_size)
         if device.type == "cuda":
             self._bitmask = self._bitmask.pin_memory()
@@ -126,12 +127,10 @@ class StructuredOutputManager:
         """A sequence's matcher: it ends on the model's EOS tokens (those the engine stops on)."""
         return xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
 
-    def fill_bitmask(self, matchers: list[xgr.GrammarMatcher | None]) -> Callable[[], torch.Tensor]:
-        """Start filling the bitmask of a step's sampled rows (None: a row without a grammar, all allowed) in a
-        thread; returns the call that waits for it: [len(matchers), W] int32 on the host."""
-        mask = self._bitmask[: len(matchers)]
-        future = self._fill_pool.submit(_fill, self._batch_matcher, matchers, mask)
-        return future.result
+    def fill_bitmask(self, matchers: list[xgr.GrammarMatcher | None]) -> torch.Tensor:
+        """The bitmask of a step's sampled rows (None: a row without a grammar, all allowed), [len(matchers), W]
+        int32 on the host, filled on xgrammar's threads."""
+        return _fill(self._batch_matcher, matchers, self._bitmask[: len(matchers)])
 
 
 def _fill(

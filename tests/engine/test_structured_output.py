@@ -63,7 +63,7 @@ def test_the_matcher_and_its_mask_follow_a_choice(embedded_tokenizer):
     manager = StructuredOutputManager(embedded_tokenizer, vocab, 2, torch.device("cpu"))
     eos = embedded_tokenizer.eos_token_id
     matcher = manager.matcher(manager.compile(S(choice=["yes", "no"])).result(), [eos])
-    mask = manager.fill_bitmask([matcher, None])()
+    mask = manager.fill_bitmask([matcher, None])
     logits = apply_token_bitmask(torch.zeros(2, vocab), mask)
     assert logits[1].isfinite().all()  # a row without a grammar
     first = logits[0].isfinite().nonzero()[:, 0].tolist()
@@ -71,7 +71,7 @@ def test_the_matcher_and_its_mask_follow_a_choice(embedded_tokenizer):
     assert texts and all("yes".startswith(t) or "no".startswith(t) for t in texts)
     for t in embedded_tokenizer.encode("no", add_special_tokens=False):
         assert matcher.accept_token(t)
-    done = apply_token_bitmask(torch.zeros(1, vocab), manager.fill_bitmask([matcher])())
+    done = apply_token_bitmask(torch.zeros(1, vocab), manager.fill_bitmask([matcher]))
     assert done[0].isfinite().nonzero()[:, 0].tolist() == [eos]  # the choice is complete: only EOS
     assert matcher.accept_token(eos) and matcher.is_terminated()
 
