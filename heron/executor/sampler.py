@@ -381,13 +381,13 @@ class Sampler:
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Structured outputs' mask: -inf on each row's tokens whose bit is 0 in `bitmask` [R, ceil(V / 32)] int32
-    (bit v % 32 of word v // 32: token v is allowed; xgrammar's layout). A few element-wise ops over [R, V],
-    the same on CPU and GPU, after a captured graph's logits."""
-    vocab = logits.shape[1]
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :vocab].bool()
-    return logits.masked_fill(~allowed, float("-inf"))
+    """Structured outputs' mask, in place: -inf on each row's tokens whose bit is 0 in `bitmask` [R, ceil(V / 32)]
+    int32 (bit v % 32 of word v // 32: token v is allowed; xgrammar's layout), by xgrammar's own kernel (one
+    Triton launch on a GPU, its C++ on the CPU), after a captured graph's logits. Returns `logits`."""
+    import xgrammar  # (only constrained steps come here)
+
+    xgrammar.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]])
+    return logits
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,7 +53,7 @@ def test_apply_token_bitmask_keeps_exactly_the_allowed_tokens():
     words = (bits.reshape(3, 3, 32) << torch.arange(32)).sum(-1)
     mask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     logits = torch.randn(3, vocab)
-    out = apply_token_bitmask(logits, mask)
+    out = apply_token_bitmask(logits.clone(), mask)
     assert torch.equal(out.isfinite(), allowed)
     assert torch.equal(out[allowed], logits[allowed])
 
