@@ -387,6 +387,9 @@ class LLMEngine:
         result = launched.step.result()
         now = time.time()
         append, generated = self.output_processor.append, 0
+        grammar_done = {}  # (structured outputs only)
+        if launched.scheduled.batch.grammar_bitmask is not None:
+            grammar_done = self._accept_grammar(launched, result.sampled)
         beams: dict[str, list] = {}  # beam requests: their beams' draws, to be ranked together
         for i, seq in enumerate(launched.scheduled.seqs):
             if seq.is_finished:  # aborted, or finished by a token of the step before while this one ran
@@ -402,7 +405,7 @@ class LLMEngine:
                 continue
             seqs = [seq] if len(tokens) == 1 else [seq] + self.scheduler.fork(seq)
             for s, token, lp in zip(seqs, tokens, result.logprobs[i] or [None] * len(seqs)):
-                if append(s, token, lp):
+                if append(s, token, lp, grammar_done.get(s.seq_id)):
                     self._retire(s)
                     ended.add(req.request_id)
             generated += len(seqs)
@@ -421,6 +424,17 @@ class LLMEngine:
                 touched[request_id] = req
                 ended.add(request_id)
         self.stats.generation_tokens += generated
+
+    def _accept_grammar(self, launched: Launched, sampled: list[list[int]]) -> dict[int, bool]:
+        """A grammar step's single draws handed to their matchers at once (structured_output.accept): seq_id ->
+        whether its grammar is done. (Forks and beams take theirs one by one in `append`.)"""
+        rows = [
+            (seq, tokens[0])
+            for seq, tokens in zip(launched.scheduled.seqs, sampled)
+            if seq.grammar is not None and len(tokens) == 1 and not seq.is_finished and seq.request.beam is None
+        ]
+        done = self._structured.accept([seq.grammar for seq, _ in rows], [token for _, token in rows])
+        return {seq.seq_id: d for (seq, _), d in zip(rows, done)}
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -15,9 +15,10 @@ class OutputProcessor:
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
 
-    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None) -> bool:
+    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None, grammar_done: bool | None = None) -> bool:
         """Append the next token of `seq`, read back from the device; True when it finishes the sequence
-        (the draws of any step launched after it are then dropped)."""
+        (the draws of any step launched after it are then dropped). `grammar_done`: the token already went
+        to the sequence's matcher (StructuredOutputManager.accept), which then ended or refused it."""
         req = seq.request
         p = req.params
         seq.append_token(token)
@@ -28,7 +29,10 @@ class OutputProcessor:
         n_out = num_tokens - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
         # structured outputs: the grammar is done (it took a stop token, or the token it was masked to)
-        grammar_done = seq.grammar is not None and (not seq.grammar.accept_token(token) or seq.grammar.is_terminated())
+        if grammar_done is None:
+            grammar_done = seq.grammar is not None and (
+                not seq.grammar.accept_token(token) or seq.grammar.is_terminated()
+            )
         piece = ""
         if (
             self.tokenizer is not None

@@ -19,7 +19,8 @@ token v allowed); the sampler applies it to the logits (executor/sampler.py). A 
 token in the matcher, so the step is pipelined in two halves (LLMEngine._grammar_masks): it is scheduled and its
 forward pass launched as any other while the step before is still on the device; then that step is read back,
 its tokens advance the matchers, and `fill_bitmask` fills the masks on xgrammar's threads (the GIL released)
-while the forward pass runs; the sampling is launched last. Steps without a grammar row are unchanged.
+while the forward pass runs; the sampling is launched last. The read-back hands a step's tokens to their
+matchers on a thread pool (`accept`) before the sequences take them. Steps without a grammar row are unchanged.
 
 JSON comes in xgrammar's compact layout (no free whitespace between tokens), so that a small model cannot spend
 its tokens on whitespace before the object closes.
@@ -28,6 +29,7 @@ its tokens on whitespace before the object closes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -96,6 +98,8 @@ class StructuredOutputManager:
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)  # (cached here, by key)
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-compile")
         self._batch_matcher = xgr.BatchGrammarMatcher()  # fills a step's rows on xgrammar's own threads
+        self._threads = max(1, min(8, (os.cpu_count() or 2) // 2))  # (as many as BatchGrammarMatcher's, at most 8)
+        self._accept_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="heron-grammar-accept")
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         # One host bitmask for the step's rows, pinned on a GPU so that its upload is queued, not waited for. A
@@ -126,6 +130,22 @@ class StructuredOutputManager:
     def matcher(compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> xgr.GrammarMatcher:
         """A sequence's matcher: it ends on the model's EOS tokens (those the engine stops on)."""
         return xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+
+    def accept(self, matchers: list[xgr.GrammarMatcher], tokens: list[int]) -> list[bool]:
+        """Advance each matcher by its token, on the pool's threads (xgrammar releases the GIL; a JSON schema's
+        token takes tens of microseconds); per matcher: whether it refused the token or has ended."""
+        chunks = [range(i, len(matchers), self._threads) for i in range(min(self._threads, len(matchers)))]
+        done = [False] * len(matchers)
+
+        def run(rows: range) -> None:
+            for i in rows:
+                done[i] = not matchers[i].accept_token(tokens[i]) or matchers[i].is_terminated()
+
+        if len(chunks) > 1:
+            list(self._accept_pool.map(run, chunks))
+        elif chunks:
+            run(chunks[0])
+        return done
 
     def fill_bitmask(self, matchers: list[xgr.GrammarMatcher | None]) -> torch.Tensor:
         """The bitmask of a step's sampled rows (None: a row without a grammar, all allowed), [len(matchers), W]
