@@ -25,6 +25,9 @@ buffer of the same layout: a captured decode graph reads it at fixed addresses.
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from heron.attention.backend import AttentionMetadata
 
 MIN_GROUP = 4
 MIN_PREFIX_BLOCKS = 4
@@ -41,13 +44,14 @@ class CascadePlanner:
         block_size: int,
         kv_bytes_per_token: int,
         *,
-        min_group: int = MIN_GROUP,
-        min_prefix_blocks: int = MIN_PREFIX_BLOCKS,
-        min_saved_bytes: int = MIN_SAVED_BYTES,
+        min_group: int | None = None,
+        min_prefix_blocks: int | None = None,
+        min_saved_bytes: int | None = None,
     ) -> None:
-        self.min_group = min_group  # the thresholds: the module's, smaller in tests of tiny batches
-        self.min_prefix_blocks = min_prefix_blocks
-        self.min_saved_bytes = min_saved_bytes
+        # the thresholds: the module's (read when built), smaller in tests of tiny batches
+        self.min_group = MIN_GROUP if min_group is None else min_group
+        self.min_prefix_blocks = MIN_PREFIX_BLOCKS if min_prefix_blocks is None else min_prefix_blocks
+        self.min_saved_bytes = MIN_SAVED_BYTES if min_saved_bytes is None else min_saved_bytes
         self.max_num_seqs = max_num_seqs
         self.tile_seqs = tile_seqs
         self.block_size = block_size
@@ -75,13 +79,13 @@ class CascadePlanner:
         cand = np.flatnonzero(usable >= self.min_prefix_blocks)
         if len(cand) < self.min_group:
             return []
+        _, first_of, group_of, counts = np.unique(
+            block_tables[cand, 0], return_index=True, return_inverse=True, return_counts=True
+        )
+        if counts.max() < self.min_group:  # (sequences with prompts of their own: the common case ends here)
+            return []
         usable = usable[cand]
         tables = block_tables[cand, : int(usable.max())]
-        _, first_of, group_of, counts = np.unique(
-            tables[:, 0], return_index=True, return_inverse=True, return_counts=True
-        )
-        if counts.max() < self.min_group:
-            return []
         leader = first_of[group_of.reshape(-1)]
         diff = tables != tables[leader]
         match = np.where(diff.any(1), diff.argmax(1), tables.shape[1])
@@ -118,3 +122,44 @@ class CascadePlanner:
                 tile_len[t] = keys
                 tile_members[t, : len(chunk)] = chunk
                 t += 1
+
+
+class CascadeBuffers:
+    """A backend's cascade state: the planner; the packed plan in two pinned host arrays used in turn (a step's
+    copy may still be queued when the next step is planned: the engine reads a step back before planning the
+    one after next) and in the device buffer the kernels read; the prefix partials [max seqs, H, parts, D] and
+    [max seqs, H, parts] float32. All allocated once, so captured graphs keep their addresses."""
+
+    def __init__(
+        self, planner: CascadePlanner, num_heads: int, head_dim: int, parts: int, device: torch.device
+    ) -> None:
+        self.planner = planner
+        pin = device.type == "cuda"
+        self.host = [torch.zeros(planner.size, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self.device_plan = torch.zeros(planner.size, dtype=torch.int32, device=device)
+        n = planner.max_num_seqs
+        self.partials = (
+            torch.empty(n, num_heads, parts, head_dim, dtype=torch.float32, device=device),
+            torch.empty(n, num_heads, parts, dtype=torch.float32, device=device),
+        )
+
+    def plan(self, meta: AttentionMetadata, force: bool) -> bool:
+        """Plan the pure decode step of `meta` (host tables and lengths only) and queue the plan's copy to the
+        device; `force`: even without a group (a graph captured with the cascade kernels replays). Returns
+        whether the step runs the cascade kernels."""
+        b = meta.num_seqs
+        if meta.block_tables_cpu is None or b < self.planner.min_group:
+            return False
+        groups = self.planner.groups(meta.block_tables_cpu[:b].numpy(), meta.seq_lens_cpu[:b].numpy())
+        if not groups and not force:
+            return False
+        self.host.reverse()
+        self.planner.write(self.host[0].numpy(), b, groups)
+        self.device_plan.copy_(self.host[0], non_blocking=True)
+        return True
+
+    def inputs(self, batch: int):
+        """The kernels' views for a batch of `batch` rows: kv_start, tile_len, tile_members, (out, lse)."""
+        kv_start, tile_len, members = self.planner.views(self.device_plan, batch)
+        o, lse = self.partials
+        return kv_start, tile_len, members, (o[:batch], lse[:batch])

@@ -88,7 +88,7 @@ def _run(tables, lens, num_blocks, heads, head_dim, block_size, parts, dtype, se
 
 @pytest.mark.parametrize(
     "heads,head_dim,block_size,parts,dtype",
-    [((4, 2), 32, 16, 1, torch.float32), ((8, 2), 64, 16, 2, torch.bfloat16), ((4, 4), 32, 32, 3, torch.bfloat16)],
+    [((4, 2), 32, 16, 1, torch.float32), ((8, 2), 64, 16, 2, torch.bfloat16), ((2, 2), 32, 32, 3, torch.bfloat16)],
 )
 def test_cascade_matches_plain_decode(heads, head_dim, block_size, parts, dtype):
     rng = np.random.default_rng(head_dim + block_size + parts)
@@ -138,3 +138,34 @@ def test_planner_rules():
     assert kv_start.tolist() == [48] * 5 + [0, 0]
     assert tile_len.tolist()[:2] == [48, 48] and not tile_len[2:].any()
     assert sorted(tile_members[:2].reshape(-1).tolist()) == [-1, -1, -1, 0, 1, 2, 3, 4]
+
+
+def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch):
+    """Requests sharing a system prompt, through the engine on the Triton backend: greedy outputs with cascade
+    attention equal those without, and the cascade ran. The first request fills the prefix cache; the others
+    then share its blocks, at different lengths, and one finishes early (the steps after it plan without it)."""
+    from heron import LLM, SamplingParams
+    from heron.attention import cascade as plan
+    from heron.inputs import TokensPrompt
+    from heron.kernels import cascade as kernels
+
+    monkeypatch.setattr(plan, "MIN_SAVED_BYTES", 0)  # a tiny model's prefix saves few bytes, but does save
+    monkeypatch.setattr(plan, "MIN_PREFIX_BLOCKS", 2)
+    calls = []
+    prefix_attention = kernels.cascade_prefix_attention
+    monkeypatch.setattr(
+        kernels, "cascade_prefix_attention", lambda *a, **k: calls.append(1) or prefix_attention(*a, **k)
+    )
+    rng = np.random.default_rng(0)
+    system = rng.integers(100, 5000, 48).tolist()  # 3 blocks of 16
+    prompts = [TokensPrompt(prompt_token_ids=system + rng.integers(100, 5000, 2 + 5 * i).tolist()) for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens={0: 1, 2: 2}.get(i, 5), ignore_eos=True) for i in range(6)]
+    outputs = {}
+    for disable in (False, True):
+        llm = LLM(tiny_model_dir("qwen3"), device="cpu", attention_backend="triton", disable_cascade_attn=disable)
+        first = llm.generate(prompts[:1], params[0], use_tqdm=False)
+        rest = llm.generate(prompts[1:], params[1:], use_tqdm=False)
+        outputs[disable] = [o.outputs[0].token_ids for o in first + rest]
+        assert bool(calls) != disable
+        calls.clear()
+    assert outputs[False] == outputs[True]
