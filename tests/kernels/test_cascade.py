@@ -27,9 +27,9 @@ ON_GPU = DEVICE.type == "cuda"
 skip_unless_runnable(_cascade_prefix_kernel, DEVICE)
 
 
-def _structure(rng: np.random.Generator, block_size: int, num_groups: int, group_size: int, loners: int):
-    """Block tables and lengths: `num_groups` groups sharing 4-7 prefix blocks, each member its own blocks after
-    them (different lengths); in each group one member shares only the first 4 blocks (a partial match); then
+def _structure(rng: np.random.Generator, block_size: int, num_groups: int, group_size: int, loners: int, prefix=(4, 8)):
+    """Block tables and lengths: `num_groups` groups sharing [low, high) `prefix` blocks, each member its own blocks
+    after them (different lengths); in each group one member shares only the first 4 blocks (a partial match); then
     `loners` sequences of their own and one padded row (length 0). Tables are filled with junk past their blocks."""
     tables, lens, next_block = [], [], 0
 
@@ -39,9 +39,9 @@ def _structure(rng: np.random.Generator, block_size: int, num_groups: int, group
         return list(range(next_block - n, next_block))
 
     for _ in range(num_groups):
-        prefix = fresh(int(rng.integers(4, 8)))
+        shared = fresh(int(rng.integers(*prefix)))
         for i in range(group_size):
-            own = prefix if i else prefix[:4]  # member 0: a partial match
+            own = shared if i else shared[:4]  # member 0: a partial match
             extra = int(rng.integers(1, 3 * block_size))
             lens.append(len(own) * block_size + extra)
             tables.append(own + fresh(-(-extra // block_size)))
@@ -59,7 +59,7 @@ def _structure(rng: np.random.Generator, block_size: int, num_groups: int, group
     return out, np.array(lens, dtype=np.int32)[order], next_block
 
 
-def _run(tables, lens, num_blocks, heads, head_dim, block_size, parts, dtype, seed):
+def _run(tables, lens, num_blocks, heads, head_dim, block_size, parts, dtype, seed, block_m=16):
     num_heads, num_kv_heads = heads
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
@@ -68,7 +68,7 @@ def _run(tables, lens, num_blocks, heads, head_dim, block_size, parts, dtype, se
     bt = torch.from_numpy(tables).to(DEVICE)
     sl = torch.from_numpy(lens).to(DEVICE)
     scale = head_dim**-0.5
-    seqs = tile_seqs(num_heads, num_kv_heads, block_m=16)
+    seqs = tile_seqs(num_heads, num_kv_heads, block_m=block_m)
     planner = CascadePlanner(b, seqs, block_size, 1, min_group=2, min_prefix_blocks=2, min_saved_bytes=1)
     groups = planner.groups(tables, lens)
     packed = np.zeros(planner.size, dtype=np.int32)
@@ -98,6 +98,18 @@ def test_cascade_matches_plain_decode(heads, head_dim, block_size, parts, dtype)
     assert_close(out, plain, dtype, "cascade vs plain decode")
     assert_close(out, ref.to(dtype), dtype, "cascade vs reference")
     assert out[int(np.flatnonzero(lens == 0)[0])].abs().max() == 0  # the padded row
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA (large shapes)")
+@pytest.mark.parametrize("heads,parts", [((16, 8), 1), ((32, 8), 2)])
+def test_cascade_production_shapes(heads, parts):
+    """Qwen3-0.6B's and -8B's heads, D 128, bf16, 64-row tiles: groups of 24 sharing ~2,000 prefix keys."""
+    rng = np.random.default_rng(parts)
+    tables, lens, num_blocks = _structure(rng, 16, num_groups=4, group_size=24, loners=16, prefix=(110, 130))
+    out, plain, ref, groups = _run(tables, lens, num_blocks, heads, 128, 16, parts, torch.bfloat16, seed=1, block_m=64)
+    assert len(groups) == 4
+    assert_close(out, plain, torch.bfloat16, "cascade vs plain decode")
+    assert_close(out, ref, torch.bfloat16, "cascade vs reference")
 
 
 def test_cascade_after_a_member_leaves():
@@ -162,7 +174,10 @@ def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch
     params = [SamplingParams(temperature=0, max_tokens={0: 1, 2: 2}.get(i, 5), ignore_eos=True) for i in range(6)]
     outputs = {}
     for disable in (False, True):
-        llm = LLM(tiny_model_dir("qwen3"), device="cpu", attention_backend="triton", disable_cascade_attn=disable)
+        llm = LLM(
+            tiny_model_dir("qwen3"), device=DEVICE.type, dtype="float32", attention_backend="triton",
+            disable_cascade_attn=disable, kv_cache_memory=32 << 20, max_num_seqs=8,
+        )  # fmt: skip
         first = llm.generate(prompts[:1], params[0], use_tqdm=False)
         rest = llm.generate(prompts[1:], params[1:], use_tqdm=False)
         outputs[disable] = [o.outputs[0].token_ids for o in first + rest]
