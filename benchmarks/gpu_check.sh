@@ -92,6 +92,7 @@ for s in $SECTIONS; do case $s in
   cascade-tests)  # issue 26: the cascade kernels against the plain decode kernel (tiny and production shapes), and
     # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
     run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
+  cascade-probe) run cascade-probe python3 benchmarks/cascade_probe.py ;;  # one layer: plain vs cascade, a sweep
   throughput-8b)
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
