@@ -35,7 +35,7 @@ MIN_SAVED_BYTES = 32 << 20
 
 
 class CascadePlanner:
-    """Plans a decode step's cascade into `host` (the packed int32 array above)."""
+    """Plans a decode step's cascade: its groups, and their packed int32 array (above)."""
 
     def __init__(
         self,
