@@ -75,6 +75,24 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name offline-qwen3-0.6b
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
+  prefix)  # issue 26: 512 requests = 16 system prompts of 2,000 tokens x 32, each + its own 50-200 token question,
+    # outputs [64, 256], ignore_eos, T 0.6; cascade attention on (>= 31,000 / 11,000 output tok/s), then off (the
+    # Heron baselines, same run), then the plain offline records again (no regression)
+    P=(--load-format dummy --save-result --max-model-len 4096 --num-prompts 512 --shared-prefix-len 2000
+       --num-shared-prefixes 16 --input-len-range 50,200 --output-len-range 64,256)
+    for m in qwen3-0.6b qwen3-8b; do
+      run offline-prefix-$m heron bench throughput --model /tmp/shapes/$m "${P[@]}" --result-name offline-prefix-$m
+      run offline-prefix-nocascade-$m heron bench throughput --model /tmp/shapes/$m "${P[@]}" \
+          --disable-cascade-attn --result-name offline-prefix-nocascade-$m
+    done
+    run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
+        --save-result --result-name offline-qwen3-0.6b
+    run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
+  cascade-tests)  # issue 26: the cascade kernels against the plain decode kernel (tiny and production shapes), and
+    # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
+    run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
+  cascade-probe) run cascade-probe python3 benchmarks/cascade_probe.py ;;  # one layer: plain vs cascade, a sweep
   throughput-8b)
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
@@ -152,6 +170,22 @@ for s in $SECTIONS; do case $s in
     [ "$s" = serve ] && run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" \
         --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result --gpu-monitor
     kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-server.log" ;;
+  serve-prefix)  # issue 26: the prefix workload through the server's chat endpoint (the system prompts as system
+    # messages; the shapes' tokenizers have no chat template: a ChatML one), cascade on; the offline run beside it
+    M=/tmp/shapes/qwen3-0.6b
+    W=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --random-input-len 50,200
+       --random-output-len 64,256 --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
+    printf '%s' "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}<|im_start|>assistant" \
+        > /tmp/chatml.jinja
+    python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8012 \
+        --chat-template /tmp/chatml.jinja > "$OUT/serve-prefix-server.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 300); do
+      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health')" 2>/dev/null && break
+      kill -0 $SERVER 2>/dev/null || break; sleep 1; done
+    run serve-prefix-inf heron bench serve --base-url http://127.0.0.1:8012/v1 --endpoint /v1/chat/completions \
+        "${W[@]}" --request-rate inf --disable-tqdm --label serve-prefix-qwen3-0.6b --save-result
+    kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-prefix-server.log" ;;
 esac; done
 tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
 ls -la "$OUT"

@@ -156,6 +156,9 @@ class EngineConfig:
     device: str = "auto"
     attention_backend: str = "auto"  # "auto" | "torch" | "triton" | "flashinfer"
     enforce_eager: bool = False
+    # Decode steps read a prefix shared by a group of sequences once for the group (cascade attention, the
+    # Triton backend; heron/attention/cascade.py decides per step): True turns that off (vLLM's name).
+    disable_cascade_attn: bool = False
     # On CUDA: time each projection's cuBLAS / cuBLASLt kernels at start-up and run the fastest (heron/kernels/
     # gemm); off: cuBLAS past the GEMV's rows. Ignored on the CPU.
     matmul_tuning: bool = True

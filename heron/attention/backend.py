@@ -40,6 +40,9 @@ class AttentionMetadata:
     # capture, captured, or about to be replayed. Backends that plan into fixed device buffers (FlashInfer) use
     # the graph's; a prefill graph (max_query_len > 1, captured at its token count) may replay any mix of rows.
     cuda_graph: bool = False
+    # A decode graph captured with the cascade kernels (attention/cascade.py), whose grouping is device data:
+    # the backend runs them even when the step has no group (every prefix program then exits at once).
+    cascade: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,17 @@ class AttentionBackend(ABC):
         dtype: torch.dtype | None = None,
         block_size: int | None = None,
         max_blocks_per_seq: int | None = None,
+        cascade_attn: bool = False,
     ) -> None:
         """Called once before any step: allocate per-step workspaces at their largest size. dtype (of q
         and the cache), block_size and max_blocks_per_seq (the block tables' width) are for backends that
-        plan a step before its forward pass has shown them any tensor (FlashInfer); others ignore them."""
+        plan a step before its forward pass has shown them any tensor (FlashInfer); others ignore them.
+        `cascade_attn`: plan shared-prefix (cascade) attention for decode steps, where the backend can."""
+
+    def runs_cascade(self, meta: AttentionMetadata) -> bool:
+        """Whether the step of `meta` runs the cascade kernels: its decode graph is the one captured with them
+        (`AttentionMetadata.cascade`)."""
+        return False
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 (optional hook)
         """Called once per step before the forward pass (a backend's per-step planning goes here)."""

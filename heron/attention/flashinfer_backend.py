@@ -97,6 +97,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         dtype: torch.dtype | None = None,
         block_size: int | None = None,
         max_blocks_per_seq: int | None = None,
+        **_: object,
     ) -> None:
         """Workspaces, the host staging of the page tables, and the fixed device buffers that the CUDA-graph
         decode wrappers read (sized for max_num_seqs full-length sequences)."""

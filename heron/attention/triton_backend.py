@@ -15,6 +15,13 @@ A decode step of many sequences (at most 2 partitions each) starts its programs 
 (`paged_decode.longest_first`, one argsort on the device by the step's first layer, shared by the others): the
 last programs to start are then short ones, not a long sequence that keeps one SM busy after the rest finish.
 
+Cascade (`reserve(cascade_attn=True)`, heron/attention/cascade.py): a pure decode step whose sequences share
+long cached prefixes in groups worth it runs the prefix kernel first (heron/kernels/cascade.py: each group's
+prefix read once for all its members) and then the decode kernel over each sequence's own keys, merging the
+prefix's partials. The plan is device data at fixed addresses, so such a step replays a decode graph captured
+with both kernels (`runs_cascade`); a step with no group runs the plain graph and pays nothing. Layers with a
+sliding window run the plain kernel.
+
 A layer's sliding window and soft cap (`AttentionParams`) reach both kernels as constexprs: each distinct
 set compiles a variant of its own, and a layer without them runs the kernels that full attention always ran.
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
+from heron.attention.cascade import CascadeBuffers, CascadePlanner
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -34,10 +42,13 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         # Imported here so that registering the backend never needs Triton where it is not used.
-        from heron.kernels import paged_decode, paged_prefill
+        from heron.kernels import cascade, paged_decode, paged_prefill
 
         self._decode = paged_decode
         self._prefill = paged_prefill
+        self._cascade_kernels = cascade
+        self._cascade: CascadeBuffers | None = None  # with reserve(cascade_attn=True)
+        self._cascade_step = False  # the planned step runs the cascade kernels
         self.num_partitions: int | None = None  # None: paged_decode.default_num_partitions(B, Hkv)
         self._planned: tuple[AttentionMetadata, str] | None = None
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
@@ -58,7 +69,14 @@ class TritonAttentionBackend(AttentionBackend):
         return "mixed" if has_decode else "prefill"
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        self._planned = (meta, self.plan(meta))
+        mode = self.plan(meta)
+        self._planned = (meta, mode)
+        self._cascade_step = (
+            self._cascade is not None
+            and mode == "decode"
+            and meta.num_tokens == meta.num_seqs
+            and self._cascade.plan(meta, force=meta.cascade)
+        )
         self._order = None  # sorted again for each step (and inside a graph captured after its eager run)
 
     def _mode(self, meta: AttentionMetadata) -> str:
@@ -66,9 +84,32 @@ class TritonAttentionBackend(AttentionBackend):
             self.prepare(meta)
         return self._planned[1]
 
-    def reserve(self, max_num_seqs: int, device: torch.device, **_: object) -> None:
+    def runs_cascade(self, meta: AttentionMetadata) -> bool:
+        self._mode(meta)
+        return self._cascade_step
+
+    def reserve(
+        self,
+        max_num_seqs: int,
+        device: torch.device,
+        *,
+        dtype: torch.dtype | None = None,
+        block_size: int | None = None,
+        cascade_attn: bool = False,
+        **_: object,
+    ) -> None:
         """Allocate the split-KV partials once, for the largest batch * partitions any step can ask for:
-        a buffer reallocated later would leave captured graphs pointing at freed memory."""
+        a buffer reallocated later would leave captured graphs pointing at freed memory. With `cascade_attn`
+        (and the cache's dtype and block size) the cascade's plan buffers and prefix partials too."""
+        if cascade_attn and dtype is not None and block_size is not None:
+            kernels = self._cascade_kernels
+            planner = CascadePlanner(
+                max_num_seqs,
+                kernels.tile_seqs(self.num_heads, self.num_kv_heads),
+                block_size,
+                2 * self.num_kv_heads * self.head_dim * dtype.itemsize,
+            )
+            self._cascade = CascadeBuffers(planner, self.num_heads, self.head_dim, kernels.PREFIX_PARTS, device)
         parts = lambda b: self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, device)
         need = max(b * self.num_heads * parts(b) for b in range(1, max_num_seqs + 1))
         self._ws = (
@@ -95,10 +136,11 @@ class TritonAttentionBackend(AttentionBackend):
             self._order = self._decode.longest_first(meta.seq_lens[: meta.num_seqs])
         return self._order
 
-    def _run_decode(self, q, kv_cache, meta, out, query_start_loc, params: AttentionParams):
+    def _run_decode(self, q, kv_cache, meta, out, query_start_loc, params: AttentionParams, cascade=None):
         b = meta.num_seqs
         parts = self.num_partitions or self._decode.default_num_partitions(b, self.num_kv_heads, q.device)
         ws = self._workspace(b, parts) if parts > 1 else None
+        kv_start, prefix = cascade or (None, None)  # (kv_start, the prefix partials) of a planned cascade
         # Ordered where each program has a long run of keys (<= 2 partitions, batches past ~64): there a long
         # sequence started last would hold the tail; small batches split every sequence 4-16 ways instead.
         order = self._launch_order(meta) if query_start_loc is None and b > 1 and parts <= 2 else None
@@ -116,7 +158,25 @@ class TritonAttentionBackend(AttentionBackend):
             heads_first=order is not None,
             sliding_window=params.sliding_window,
             soft_cap=params.logits_soft_cap,
+            kv_start=kv_start,
+            prefix=prefix,
         )
+
+    def _run_cascade(self, q, kv_cache, meta, out, params: AttentionParams):
+        """The planned cascade: each group's prefix once (unused tiles exit), then every sequence's own keys."""
+        b = meta.num_seqs
+        kv_start, tile_len, members, partials = self._cascade.inputs(b)
+        prefix = self._cascade_kernels.cascade_prefix_attention(
+            q,
+            kv_cache,
+            meta.block_tables[:b],
+            tile_len,
+            members,
+            params.scale,
+            partials,
+            soft_cap=params.logits_soft_cap,
+        )
+        self._run_decode(q, kv_cache, meta, out, None, params, (kv_start, prefix))
 
     def forward(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, params: AttentionParams | None = None
@@ -131,8 +191,11 @@ class TritonAttentionBackend(AttentionBackend):
             return out
         if mode == "decode":
             # All query lengths are 1; row i is sequence i when there are exactly B tokens.
-            qsl = None if meta.num_tokens == b else meta.query_start_loc
-            self._run_decode(q, kv_cache, meta, out, qsl, params)
+            if self._cascade_step and not params.sliding_window:
+                self._run_cascade(q, kv_cache, meta, out, params)
+            else:
+                qsl = None if meta.num_tokens == b else meta.query_start_loc
+                self._run_decode(q, kv_cache, meta, out, qsl, params)
         else:
             if mode == "mixed":
                 self._run_decode(q, kv_cache, meta, out, meta.query_start_loc, params)

@@ -8,7 +8,9 @@ The byte count is what any engine has to read, not what Heron happens to read:
     of a mixture of experts' routed experts, only those a step's tokens pick: under uniform routing (each
     token k of E experts) a step of b tokens touches E (1 - (1 - k/E)^b) of each layer's experts on average
     (`ModelCost.weight_bytes_read`: the least over how an engine can spread the tokens over its steps);
-  - KV cache: a decoding token reads the K and V of its whole context once (random prompts share nothing).
+  - KV cache: a decoding token reads the K and V of its whole context once, but a prompt prefix shared by a
+    group of requests (`shared`) once per step for the whole group, for at least as many steps as the group's
+    longest output (and it is computed once: prefix caching).
 FLOPs: 2 per weight a token goes through in the layers (a mixture: its router, its k experts, a shared
 expert), 2 per LM-head weight per sampled token, and 4 x heads x head_dim per (query, key) pair of causal
 attention.
@@ -142,16 +144,28 @@ class WorkloadBound:
 
 
 def workload_bound(
-    cost: ModelCost, lengths: list[tuple[int, int]], batch_size: int, bandwidth: float, flop_rate: float
+    cost: ModelCost,
+    lengths: list[tuple[int, int]],
+    batch_size: int,
+    bandwidth: float,
+    flop_rate: float,
+    shared: tuple[int, list[int]] | None = None,
 ) -> WorkloadBound:
-    """Lower bound on the time to serve requests of (prompt, output) lengths at most `batch_size` at once."""
+    """Lower bound on the time to serve requests of (prompt, output) lengths at most `batch_size` at once.
+    `shared` (s, group of each request): the requests of a group open with the same s prompt tokens."""
+    s, group = shared or (0, [0] * len(lengths))
+    longest: dict[int, int] = {}  # per group, its longest output
+    for (_, o), g in zip(lengths, group):
+        longest[g] = max(longest.get(g, 0), o)
     total_out = sum(o for _, o in lengths)
     # The first output token comes from the prompt pass; output token j = 1 .. o - 1 is fed back and
-    # attends to p + j keys.
-    kv_reads = sum((o - 1) * p + (o - 1) * o // 2 for p, o in lengths)
+    # attends to p + j keys, of which a group's s shared ones are read once a step for the group.
+    kv_reads = sum((o - 1) * (p - s) + (o - 1) * o // 2 for p, o in lengths) + s * sum(o - 1 for o in longest.values())
     bytes_moved = cost.weight_bytes_read([o for _, o in lengths], batch_size) + kv_reads * cost.kv_bytes_per_token
-    tokens = sum(p + o - 1 for p, o in lengths)  # every prompt token and every fed-back output token
-    pairs = sum(n * (n + 1) // 2 for n in (p + o - 1 for p, o in lengths))  # causal (query, key) pairs
+    # every prompt token (a shared prefix once a group) and every fed-back output token
+    tokens = sum(p - s + o - 1 for p, o in lengths) + s * len(longest)
+    tri = lambda n: n * (n + 1) // 2
+    pairs = sum(tri(p + o - 1) - tri(s) for p, o in lengths) + tri(s) * len(longest)  # causal (query, key) pairs
     flops = 2 * cost.layer_params * tokens + 2 * cost.lm_head_params * total_out + cost.attn_flops_per_pair * pairs
     t_mem, t_flop = bytes_moved / bandwidth, flops / flop_rate
     return WorkloadBound(max(t_mem, t_flop), "memory" if t_mem >= t_flop else "compute", bytes_moved, flops)

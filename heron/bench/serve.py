@@ -47,6 +47,7 @@ class TextRequest:
     prompt: str
     prompt_len: int | None  # by the client's tokenizer (None without one); the server's usage replaces it
     output_len: int  # max_tokens; the exact output length with --ignore-eos
+    system: str | None = None  # a system prompt shared with other requests (the prefix workload)
 
 
 def random_requests(
@@ -64,6 +65,34 @@ def random_requests(
     for r in drawn:
         text, n = _text_of_length(tokenizer, r.prompt_token_ids, len(r.prompt_token_ids), rng, max_id)
         out.append(TextRequest(text, n, r.output_len))
+    return out
+
+
+def shared_prefix_text_requests(
+    tokenizer,
+    num_prompts: int,
+    num_prefixes: int,
+    prefix_len: int,
+    question_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int,
+) -> list[TextRequest]:
+    """The offline prefix workload (datasets.shared_prefix_requests, same draws) as text: each system prompt
+    and each question decoded to text of its drawn length, as `random_requests` does."""
+    from heron.bench.datasets import shared_prefix_requests
+
+    max_id = min(10000, len(tokenizer) - 1)
+    drawn = shared_prefix_requests(num_prompts, num_prefixes, prefix_len, question_len, output_len, seed, max_id)
+    rng = random.Random(seed)
+    systems: dict[int, tuple[str, int]] = {}
+    out = []
+    for r in drawn:
+        if r.prefix_id not in systems:
+            systems[r.prefix_id] = _text_of_length(tokenizer, r.prompt_token_ids[:prefix_len], prefix_len, rng, max_id)
+        system, system_len = systems[r.prefix_id]
+        question = r.prompt_token_ids[prefix_len:]
+        text, n = _text_of_length(tokenizer, question, len(question), rng, max_id)
+        out.append(TextRequest(text, system_len + n, r.output_len, system))
     return out
 
 
@@ -133,6 +162,16 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[TextRequest]:
         raise ValueError(
             f"--dataset-name {args.dataset_name} needs the model's tokenizer: pass --tokenizer "
             f"(a Hugging Face folder or hub id, or a .gguf file)."
+        )
+    if args.dataset_name == "random" and args.shared_prefix_len:
+        return shared_prefix_text_requests(
+            tokenizer,
+            args.num_prompts,
+            args.num_shared_prefixes,
+            args.shared_prefix_len,
+            _length_range(args.random_input_len, args),
+            _length_range(args.random_output_len, args),
+            args.seed,
         )
     if args.dataset_name == "random":
         return random_requests(
@@ -249,9 +288,12 @@ class Client:
             "temperature": self.temperature,
         }
         if self.chat:
-            body.update(messages=[{"role": "user", "content": req.prompt}], max_completion_tokens=req.output_len)
+            system = [{"role": "system", "content": req.system}] if req.system else []
+            body.update(
+                messages=[*system, {"role": "user", "content": req.prompt}], max_completion_tokens=req.output_len
+            )
         else:
-            body.update(prompt=req.prompt, max_tokens=req.output_len)
+            body.update(prompt=(req.system or "") + req.prompt, max_tokens=req.output_len)
         if self.ignore_eos:  # a vLLM extra, sent only when asked: OpenAI itself rejects unknown fields
             body["ignore_eos"] = True
         return body
@@ -442,6 +484,8 @@ async def benchmark(args: argparse.Namespace) -> int:
             random_input_len=args.random_input_len,
             random_output_len=args.random_output_len,
             random_range_ratio=args.random_range_ratio,
+            shared_prefix_len=args.shared_prefix_len,
+            num_shared_prefixes=args.num_shared_prefixes,
             burstiness=args.burstiness,
             max_concurrency=args.max_concurrency,
             ignore_eos=args.ignore_eos,
@@ -614,6 +658,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--random-output-len", type=_length, default="128", help="output tokens: N or LOW,HIGH (default 128)"
     )
+    g.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="random dataset: requests open with one of --num-shared-prefixes system prompts of this many tokens "
+        "(the chat endpoint's system message; prepended to the prompt on /v1/completions), then a question of "
+        "--random-input-len tokens",
+    )
+    g.add_argument("--num-shared-prefixes", type=_positive_int, default=16)
     g.add_argument(
         "--random-range-ratio",
         type=float,

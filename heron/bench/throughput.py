@@ -19,7 +19,7 @@ import sys
 import time
 
 from heron.bench.cli import add_engine_args, add_result_args, make_llm, model_slug
-from heron.bench.datasets import BenchRequest, parse_range, random_token_requests
+from heron.bench.datasets import BenchRequest, parse_range, random_token_requests, shared_prefix_requests
 from heron.bench.gpu_monitor import maybe_monitor
 from heron.bench.report import finish, format_table
 
@@ -31,6 +31,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--input-len-range", type=parse_range, default=(100, 1024), metavar="LOW,HIGH")
     w.add_argument("--output-len-range", type=parse_range, default=(100, 1024), metavar="LOW,HIGH")
     w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are uniform in [0, this]")
+    w.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="the prefix workload: requests open with one of --num-shared-prefixes system prompts of this many "
+        "tokens, then a question of --input-len-range tokens (datasets.shared_prefix_requests)",
+    )
+    w.add_argument("--num-shared-prefixes", type=int, default=16)
     w.add_argument("--temperature", type=float, default=0.6)
     w.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     w.add_argument(
@@ -130,9 +138,20 @@ def run(args: argparse.Namespace) -> dict:
     from heron.bench.roofline import ModelCost, copy_bandwidth, matmul_rate, workload_bound
     from heron.config import resolve_device, resolve_dtype
 
-    requests = random_token_requests(
-        args.num_prompts, args.input_len_range, args.output_len_range, args.seed, args.max_token_id
-    )
+    if args.shared_prefix_len:
+        requests = shared_prefix_requests(
+            args.num_prompts,
+            args.num_shared_prefixes,
+            args.shared_prefix_len,
+            args.input_len_range,
+            args.output_len_range,
+            args.seed,
+            args.max_token_id,
+        )
+    else:
+        requests = random_token_requests(
+            args.num_prompts, args.input_len_range, args.output_len_range, args.seed, args.max_token_id
+        )
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
@@ -153,7 +172,8 @@ def run(args: argparse.Namespace) -> dict:
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     print(f"Heron: {out_tokens} output tokens in {seconds:.2f} s = {out_tokens / seconds:,.1f} tokens/s", flush=True)
     cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
-    name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}offline-{model_slug(llm)}"
+    workload = "offline-prefix" if args.shared_prefix_len else "offline"
+    name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}{workload}-{model_slug(llm)}"
     del llm  # its KV cache holds most of a GPU's memory, which transformers needs next
     gc.collect()
     if device.type == "cuda":
@@ -168,11 +188,15 @@ def run(args: argparse.Namespace) -> dict:
         "prompt_tokens": prompt_tokens,
         "output_tokens": out_tokens,
         "dtype": str(dtype).removeprefix("torch."),
+        "cascade_attn": not args.disable_cascade_attn,
     }
+    if args.shared_prefix_len:
+        metrics.update(shared_prefix_len=args.shared_prefix_len, num_shared_prefixes=args.num_shared_prefixes)
     rows = [(f"Heron, max {batch} sequences per step", out_tokens, seconds, out_tokens / seconds, None)]
     if args.limit:
         lengths = [(len(r.prompt_token_ids), r.output_len) for r in requests]
-        bound = workload_bound(cost, lengths, batch, bandwidth, flop_rate)
+        shared = (args.shared_prefix_len, [r.prefix_id for r in requests]) if args.shared_prefix_len else None
+        bound = workload_bound(cost, lengths, batch, bandwidth, flop_rate, shared)
         limit = out_tokens / bound.min_seconds
         metrics.update(
             limit_output_tokens_per_s=limit,
@@ -221,8 +245,13 @@ def run(args: argparse.Namespace) -> dict:
             )
         )
     table = format_table(rows, ("run", "output tokens", "seconds", "output tokens/s", "Heron / this"))
+    prefix = (
+        f"{args.num_shared_prefixes} shared prompts of {args.shared_prefix_len} tokens + "
+        if args.shared_prefix_len
+        else ""
+    )
     header = (
-        f"{name}: {len(requests)} requests, prompts {args.input_len_range[0]}-{args.input_len_range[1]}, "
+        f"{name}: {len(requests)} requests, prompts {prefix}{args.input_len_range[0]}-{args.input_len_range[1]}, "
         f"outputs {args.output_len_range[0]}-{args.output_len_range[1]} tokens, {device}, {metrics['dtype']}"
     )
     return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, monitor)

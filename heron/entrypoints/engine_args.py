@@ -74,6 +74,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flashinfer")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument(
+        "--disable-cascade-attn",
+        action="store_true",
+        help="read a prefix that decoding sequences share once per sequence, not once per group",
+    )
+    g.add_argument(
         "--matmul-tuning",
         default="on",
         choices=["on", "off"],
@@ -153,5 +158,6 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
         device=args.device,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        disable_cascade_attn=args.disable_cascade_attn,
         matmul_tuning=args.matmul_tuning == "on",
     )

@@ -43,6 +43,7 @@ class LLM:
         scheduling_policy: str = "fcfs",
         attention_backend: str = "auto",
         enforce_eager: bool = False,
+        disable_cascade_attn: bool = False,
         chat_template: str | None = None,
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
@@ -82,6 +83,7 @@ class LLM:
             device=device,
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
+            disable_cascade_attn=disable_cascade_attn,
         )
         self._start(config)
 

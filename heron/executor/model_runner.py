@@ -68,7 +68,13 @@ class ModelRunner:
             self._tune_matmuls()
         max_blocks = -(-sched.max_model_len // self.block_size)
         self.backend.reserve(
-            sched.max_num_seqs, device, dtype=self.dtype, block_size=self.block_size, max_blocks_per_seq=max_blocks
+            sched.max_num_seqs,
+            device,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            max_blocks_per_seq=max_blocks,
+            # (tensor-parallel workers get the block tables on the device only: nothing to plan from on the host)
+            cascade_attn=not config.disable_cascade_attn and get_tp_world_size() == 1,
         )
         self.sampler = Sampler()
         self.kv_cache: torch.Tensor | None = None
@@ -87,6 +93,8 @@ class ModelRunner:
             else []
         )
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # key -> (graph, hidden)
+        # decode graphs captured with the cascade kernels, for steps whose sequences share prefixes (same keys)
+        self.cascade_graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.graph_keys = GraphKeys([], [])  # the captured graphs' keys (none until capture_cuda_graphs)
         self._graph_logits: torch.Tensor | None = None  # [largest decode graph, vocab] float32: their LM head
         self.step_sender: StepSender | None = None  # tensor parallelism, rank 0: hands each step to the others
@@ -284,7 +292,7 @@ class ModelRunner:
         keys = GraphKeys.plan(
             self.max_num_seqs, self.config.scheduler.max_num_batched_tokens, self.backend.supports_prefill_cuda_graphs
         )
-        b, steps = self.buffers, {}
+        b, steps = self.buffers, {}  # (key, cascade) -> the step's inputs
         self._graph_logits = torch.empty(
             keys.decode_sizes[-1], self.model_cfg.vocab_size, dtype=torch.float32, device=self.device
         )
@@ -297,26 +305,34 @@ class ModelRunner:
                 pad_to_graph(arrays.np, 0, 0, key)
                 b.upload(arrays)
                 # the graph's attention grids cover chunks of up to key[2] tokens
-                steps[key] = (arrays.dev, self.attention_metadata(arrays, key[2], key[2], cuda_graph=True))
-                self._graph_forward(key, *steps[key])
+                meta = self.attention_metadata(arrays, key[2], key[2], cuda_graph=True)
+                steps[key, False] = (arrays.dev, meta)
+                cascade = dataclasses.replace(meta, cascade=True)
+                if is_decode(key) and self.backend.runs_cascade(cascade):
+                    steps[key, True] = (arrays.dev, cascade)
+                for variant in (False, True):
+                    if (key, variant) in steps:
+                        self.backend.prepare(steps[key, variant][1])
+                        self._graph_forward(key, *steps[key, variant])
                 torch.cuda.synchronize(self.device)  # before the host bytes of the next key are written
             pool = None
-            for key in keys.all():
+            for key, variant in steps:
                 graph = torch.cuda.CUDAGraph()
-                self.backend.prepare(steps[key][1])
+                self.backend.prepare(steps[key, variant][1])
                 with torch.cuda.graph(graph, pool=pool):
-                    hidden = self._graph_forward(key, *steps[key])
+                    hidden = self._graph_forward(key, *steps[key, variant])
                 pool = graph.pool()
-                self.graphs[key] = (graph, hidden)
+                (self.cascade_graphs if variant else self.graphs)[key] = (graph, hidden)
         self.graph_keys = keys
         torch.cuda.empty_cache()
         logger.info(
-            "captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens, mixed steps up to %s) in "
-            "%.1f s; they hold %.0f MiB",
+            "captured %d CUDA graphs (decode batch 1..%d, prefill steps up to %s tokens, mixed steps up to %s; %d more "
+            "with cascade attention) in %.1f s; they hold %.0f MiB",
             len(self.graphs),
             keys.decode_sizes[-1],
             keys.prefill[-1][0] if keys.prefill else "no",
             keys.mixed[-1][0] if keys.mixed else "none",
+            len(self.cascade_graphs),
             time.perf_counter() - start,
             (torch.cuda.memory_reserved(self.device) - reserved) / 2**20,
         )
@@ -370,7 +386,7 @@ class ModelRunner:
         of the rows at the indices `logits_rows`, or of the first `logits_rows` rows of a decode step (a view:
         no gather; from a graph, its own LM head's). Tensor-parallel workers run it too: its collectives (the
         LM head's all-gather among them) need every rank."""
-        captured = self.graphs.get(graph)
+        captured = (self.cascade_graphs if self.backend.runs_cascade(meta) else self.graphs).get(graph)
         if captured is not None:
             captured[0].replay()
             if isinstance(logits_rows, int):

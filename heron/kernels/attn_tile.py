@@ -99,3 +99,38 @@ def dot_precision(dtype) -> str:
     import torch
 
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def merge_prefix(
+    acc,
+    m_i,
+    l_i,
+    prefix_o_ptr,
+    prefix_lse_ptr,
+    b,
+    heads,
+    g_ok,
+    has_prefix,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PREFIX_PARTS: tl.constexpr,
+):
+    """Fold a cascade's shared-prefix partials (heron/kernels/cascade.py) into a decode row's running state:
+    acc [G, D] relative to the max m_i [G], l_i [G] its sum; the prefix's PREFIX_PARTS partials of sequence b
+    are normalised outputs [B, H, PREFIX_PARTS, D] and log2-domain log-sum-exps [B, H, PREFIX_PARTS] (-inf: no
+    keys). Returns (acc, l_i) relative to the new max (the caller divides). `has_prefix` False: unchanged."""
+    d = tl.arange(0, HEAD_DIM)
+    base = (b * NUM_HEADS + heads) * PREFIX_PARTS
+    ok = g_ok & has_prefix
+    for s in tl.static_range(PREFIX_PARTS):
+        lse = tl.load(prefix_lse_ptr + base + s, mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m_i, lse)
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # neither has keys (a padded row): stays zero
+        alpha = tl.exp2(m_i - m_new)
+        w = tl.exp2(lse - m_new)
+        o = tl.load(prefix_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + o * w[:, None]
+        l_i = l_i * alpha + w
+        m_i = m_new
+    return acc, l_i

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, tile_blocks
+from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, merge_prefix, tile_blocks
 from heron.kernels.common import check_cache, dot_upcast, num_sms, pdl_enter, pdl_options
 
 
@@ -45,6 +45,9 @@ def _paged_decode_kernel(
     seq_lens_ptr,
     qsl_ptr,
     order_ptr,
+    kv_start_ptr,
+    prefix_o_ptr,
+    prefix_lse_ptr,
     out_ptr,
     part_o_ptr,
     part_m_ptr,
@@ -75,6 +78,8 @@ def _paged_decode_kernel(
     HEADS_FIRST: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    PREFIX_PARTS: tl.constexpr,
+    LO_MASK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -98,8 +103,11 @@ def _paged_decode_kernel(
     row = row.to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    if WINDOW:  # the partitions split the tiles of the window's keys [kv_lo, seq_len)
-        kv_lo = tl.maximum(seq_len - WINDOW, 0)
+    if LO_MASK:  # the partitions split the tiles of the keys [kv_lo, seq_len)
+        if WINDOW:
+            kv_lo = tl.maximum(seq_len - WINDOW, 0)
+        else:  # cascade: keys before kv_start are the shared prefix's (heron/kernels/cascade.py)
+            kv_lo = tl.load(kv_start_ptr + b)
         tile_lo = kv_lo // BLOCK_N
         tiles_per_part = tl.cdiv(num_tiles - tile_lo, NUM_PARTS)
         t_begin = tile_lo + part * tiles_per_part
@@ -122,7 +130,7 @@ def _paged_decode_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     kv_head_off = kvh * stride_ch
     for t in range(t_begin, t_end):  # the kernel's num_stages pipelines the K/V loads (they feed dots)
-        blk = tile_blocks(bt_row, t * BLOCK_N, kv_lo, seq_len, BLOCK_SIZE, BLOCK_N, WINDOW)
+        blk = tile_blocks(bt_row, t * BLOCK_N, kv_lo, seq_len, BLOCK_SIZE, BLOCK_N, LO_MASK)
         acc, m_i, l_i = attend_tile(
             acc,
             m_i,
@@ -143,12 +151,27 @@ def _paged_decode_kernel(
             BLOCK_N,
             UPCAST,
             PRECISION,
-            WINDOW,
+            LO_MASK,
             SOFT_CAP,
         )
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
     if NUM_PARTS == 1:
+        if PREFIX_PARTS:
+            acc, l_i = merge_prefix(
+                acc,
+                m_i,
+                l_i,
+                prefix_o_ptr,
+                prefix_lse_ptr,
+                b,
+                heads,
+                g_ok,
+                kv_lo > 0,
+                NUM_HEADS,
+                HEAD_DIM,
+                PREFIX_PARTS,
+            )
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (a padded row): zeros
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
     else:
@@ -163,7 +186,7 @@ def _paged_decode_kernel(
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == NUM_PARTS - 1:
             # The last to arrive: the partitions holding keys are the first ceil(num_tiles / tiles_per_part)
             # (of the window's tiles, with WINDOW).
-            if WINDOW:
+            if LO_MASK:
                 num_valid = tl.cdiv(num_tiles - tile_lo, tl.maximum(tiles_per_part, 1))
             else:
                 num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_part, 1))
@@ -190,6 +213,21 @@ def _paged_decode_kernel(
                 )
                 acc += o_s * w[:, None]
                 denom += w
+            if PREFIX_PARTS:
+                acc, denom = merge_prefix(
+                    acc,
+                    m_max,
+                    denom,
+                    prefix_o_ptr,
+                    prefix_lse_ptr,
+                    b,
+                    heads,
+                    g_ok,
+                    kv_lo > 0,
+                    NUM_HEADS,
+                    HEAD_DIM,
+                    PREFIX_PARTS,
+                )
             out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
             tl.store(count, 0)
@@ -255,6 +293,8 @@ def paged_decode_attention(
     heads_first: bool = False,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_start: torch.Tensor | None = None,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Decode attention over the paged cache.
 
@@ -266,6 +306,9 @@ def paged_decode_attention(
     permutation of the B sequences ([B] int), the launch order (`longest_first`); `heads_first`: the KV heads
     innermost in the grid. Neither changes the result. `sliding_window` W: each query sees its last W keys only;
     `soft_cap` c: scores s become c * tanh(s / c) (each a compiled variant of its own; None: full attention).
+    Cascade (heron/kernels/cascade.py): with `kv_start` [B] int32 and `prefix` (out [B, H, PP, D], lse
+    [B, H, PP] float32, `cascade_prefix_attention`'s), sequence b attends to keys [kv_start[b], seq_len) only and
+    merges the prefix's partials over keys [0, kv_start[b]) where kv_start[b] > 0.
     Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P) or (Hkv, B, P).
     """
     check_cache(kv_cache)
@@ -296,6 +339,15 @@ def paged_decode_attention(
     else:
         part_o = part_m = part_l = counts = out  # unused
     assert order is None or order.shape[0] >= batch
+    if prefix is not None:
+        assert kv_start is not None and not sliding_window, "a cascade takes kv_start and no sliding window"
+        prefix_o, prefix_lse = prefix
+        prefix_parts = prefix_lse.shape[-1]
+        assert prefix_o.shape[1:] == (num_heads, prefix_parts, head_dim) and prefix_o.shape[0] >= batch
+        assert prefix_o.is_contiguous() and prefix_lse.is_contiguous()
+    else:
+        kv_start = prefix_o = prefix_lse = seq_lens  # placeholder pointers when unused
+        prefix_parts = 0
     use_qsl = query_start_loc is not None
     qsl = query_start_loc if use_qsl else seq_lens  # placeholder pointers when unused
     rows = order if order is not None else seq_lens
@@ -309,6 +361,9 @@ def paged_decode_attention(
         seq_lens,
         qsl,
         rows,
+        kv_start,
+        prefix_o,
+        prefix_lse,
         out,
         part_o,
         part_m,
@@ -339,6 +394,8 @@ def paged_decode_attention(
         HEADS_FIRST=heads_first,
         WINDOW=sliding_window or 0,
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
+        PREFIX_PARTS=prefix_parts,
+        LO_MASK=bool(sliding_window) or prefix_parts > 0,
         num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from heron.bench.datasets import parse_range, random_token_requests
+from heron.bench.datasets import parse_range, random_token_requests, shared_prefix_requests
 
 
 def anchors_workload(num_seqs=256, max_input_len=1024, max_output_len=1024):
@@ -53,3 +53,17 @@ def test_parse_range():
     assert parse_range("128") == (128, 128)
     with pytest.raises(ValueError):
         parse_range("1,2,3")
+
+
+def test_shared_prefix_workload():
+    reqs = shared_prefix_requests(12, 3, 20, (2, 4), (5, 6), seed=1)
+    assert reqs == shared_prefix_requests(12, 3, 20, (2, 4), (5, 6), seed=1)
+    assert sorted(r.prefix_id for r in reqs) == [0] * 4 + [1] * 4 + [2] * 4
+    for k in range(3):
+        group = [r.prompt_token_ids for r in reqs if r.prefix_id == k]
+        assert all(p[:20] == group[0][:20] and 22 <= len(p) <= 24 for p in group)
+    assert len({tuple(r.prompt_token_ids[:20]) for r in reqs}) == 3
+    assert {r.output_len for r in reqs} <= {5, 6} and all(r.prefix_len == 20 for r in reqs)
+    assert [r.prefix_id for r in reqs] != sorted(r.prefix_id for r in reqs)  # interleaved
+    with pytest.raises(ValueError, match="num_prefixes"):
+        shared_prefix_requests(2, 3)

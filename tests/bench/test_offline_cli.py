@@ -131,3 +131,25 @@ def test_latency_saves_the_result(tiny_model_dir, tmp_path, capsys):
     assert m["decode_ms_per_token"] > 0 and m["decode_tokens_per_s"] == pytest.approx(1e3 / m["decode_ms_per_token"])
     assert m["hf_decode_ms_per_token"] > 0 and m["ratio_vs_hf"] > 0
     assert "roofline_fraction" not in m  # CUDA only
+
+
+def test_throughput_prefix_workload(tiny_model_dir):
+    """--shared-prefix-len: the prefix workload and its name (its limit: test_roofline)."""
+    parser = argparse.ArgumentParser()
+    throughput.add_cli_args(parser)
+    argv = ["--model", tiny_model_dir("llama"), *TINY_ENGINE, "--num-prompts", "6", "--output-len-range", "2,3"]
+    argv += [
+        "--shared-prefix-len",
+        "20",
+        "--num-shared-prefixes",
+        "2",
+        "--input-len-range",
+        "3",
+        "--max-model-len",
+        "64",
+    ]
+    result = throughput.run(parser.parse_args([*argv, "--disable-tqdm", "--no-limit"]))
+    m = result["metrics"]
+    assert result["name"].startswith("cpu-offline-prefix-tiny-llama")
+    assert m["prompt_tokens"] == 6 * 23 and m["shared_prefix_len"] == 20 and m["num_shared_prefixes"] == 2
+    assert m["cascade_attn"]

@@ -125,3 +125,18 @@ def test_moe_weight_bytes_are_the_least_any_schedule_reads(outputs, batch):
     least = min(sum(map(cost.step_weight_bytes, s)) for s in _schedules(outputs, steps, batch))  # (no step is empty)
     assert cost.weight_bytes_read(outputs, batch) == pytest.approx(least)
     assert _moe_cost().weight_bytes_read(outputs, batch) == steps * 1000  # dense: every step reads every weight
+
+
+def test_workload_bound_reads_a_shared_prefix_once_a_step_per_group():
+    cost = ModelCost(
+        layer_params=1000, lm_head_params=100, decode_weight_bytes=10_000, kv_bytes_per_token=10, attn_flops_per_pair=7
+    )
+    lengths, s, group = [(5, 3), (6, 4), (4, 2)], 3, [0, 0, 1]  # groups {0, 1} and {2} open with 3 shared tokens
+    plain = workload_bound(cost, lengths, batch_size=2, bandwidth=1e3, flop_rate=1e6)
+    bound = workload_bound(cost, lengths, batch_size=2, bandwidth=1e3, flop_rate=1e6, shared=(s, group))
+    # each group's prefix once a step for its longest output's fed-back tokens, instead of once a request
+    saved_kv = s * (2 + 3 + 1) - s * (3 + 1)
+    assert plain.bytes_moved - bound.bytes_moved == 10 * saved_kv
+    tri = lambda n: n * (n + 1) // 2
+    saved = 2 * 1000 * s * (3 - 2) + 7 * tri(s) * (3 - 2)  # the prefix computed once a group
+    assert plain.flops - bound.flops == saved

@@ -344,3 +344,17 @@ def test_summary_arithmetic():
     assert m["itl_median_ms"] == pytest.approx(100)  # 9 gaps of 0.1 s and 4 of 0.5 s, pooled
     assert m["goodput_requests_per_s"] == 0.5  # ttft <= 300 ms: the first and the third
     assert peak_concurrency(results) == 2  # at 1.0 one request ends as another starts: not three at once
+
+
+def test_prefix_workload_sends_the_system_prompt(embedded_tokenizer):
+    """The shared system prompts are the chat endpoint's system message, and open the prompt on completions."""
+    reqs = serve.shared_prefix_text_requests(embedded_tokenizer, 6, 2, 30, (5, 8), (4, 4), seed=0)
+    assert len({r.system for r in reqs}) == 2 and all(r.output_len == 4 for r in reqs)
+    assert all(r.prompt_len >= 30 + 5 for r in reqs)
+    chat = serve.Client(None, "http://x", "/v1/chat/completions", "m", None, True, 0.6, None).payload(reqs[0])
+    assert chat["messages"] == [
+        {"role": "system", "content": reqs[0].system},
+        {"role": "user", "content": reqs[0].prompt},
+    ]
+    completion = serve.Client(None, "http://x", "/v1/completions", "m", None, True, 0.6, None).payload(reqs[0])
+    assert completion["prompt"] == reqs[0].system + reqs[0].prompt

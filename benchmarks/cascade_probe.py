@@ -1,0 +1,116 @@
+"""Cascade attention on the GPU, one layer's decode attention at the prefix workload's shapes: 256 sequences in 16
+groups, each group sharing a 2,000-token prefix, each sequence 50-450 tokens of its own; Qwen3-0.6B's heads (16 /
+8) and Qwen3-8B's (32 / 8), D 128, bf16, block 16. Times the plain split-KV decode kernel against the cascade
+(prefix kernel + decode kernel over the suffixes with the merge), and sweeps the prefix kernel's tile, warps,
+stages and partitions. Outputs are checked against the plain kernel.
+
+    python benchmarks/cascade_probe.py
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from triton.testing import do_bench
+
+from heron.attention.cascade import CascadePlanner
+from heron.kernels import cascade
+from heron.kernels.paged_decode import (
+    default_num_partitions,
+    longest_first,
+    make_decode_workspace,
+    paged_decode_attention,
+)
+
+
+def structure(rng, batch: int = 256, groups: int = 16, prefix: int = 2000, bs: int = 16):
+    """Block tables [batch, width] and lengths: group g's members share its prefix blocks, then blocks of their own."""
+    pre = prefix // bs
+    own = rng.integers(50, 451, batch)
+    lens = prefix + own
+    width = pre + int(-(-own.max() // bs))
+    tables = np.zeros((batch, width), dtype=np.int32)
+    next_block = groups * pre
+    for i in range(batch):
+        g = i % groups
+        tables[i, :pre] = np.arange(g * pre, (g + 1) * pre)
+        n = -(-int(own[i]) // bs)
+        tables[i, pre : pre + n] = np.arange(next_block, next_block + n)
+        next_block += n
+    return tables, lens.astype(np.int32), next_block
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    tables, lens, num_blocks = structure(rng)
+    batch, bs, d = len(lens), 16, 128
+    for heads, kv_heads in ((16, 8), (32, 8)):
+        cache = torch.randn(2, num_blocks, bs, kv_heads, d, device=dev, dtype=torch.bfloat16)
+        q = torch.randn(batch, heads, d, device=dev, dtype=torch.bfloat16)
+        bt, sl = torch.from_numpy(tables).to(dev), torch.from_numpy(lens).to(dev)
+        parts = default_num_partitions(batch, kv_heads, dev)
+        ws = make_decode_workspace(batch, heads, kv_heads, d, parts, dev) if parts > 1 else None
+        order = longest_first(sl)
+        plain_out = torch.empty_like(q)
+
+        def plain():
+            paged_decode_attention(
+                q, cache, bt, sl, d**-0.5, out=plain_out, num_partitions=parts, workspace=ws, order=order,
+                heads_first=True,
+            )  # fmt: skip
+
+        plain()
+        t_plain = do_bench(plain)
+        kv_bytes = int(lens.sum()) * kv_heads * d * 2 * 2
+        print(f"heads {heads}/{kv_heads}: plain decode {t_plain * 1e3:.1f} us ({kv_bytes / t_plain / 1e9:.2f} TB/s)")
+        for block_m, block_n, warps, stages, pp in itertools.product((64, 128), (32, 64), (4, 8), (2, 3), (2, 4, 8)):
+            seqs = cascade.tile_seqs(heads, kv_heads, block_m)
+            planner = CascadePlanner(batch, seqs, bs, kv_heads * d * 4)
+            packed = np.zeros(planner.size, dtype=np.int32)
+            planner.write(packed, batch, planner.groups(tables, lens))
+            kv_start, tile_len, members = planner.views(torch.from_numpy(packed).to(dev), batch)
+            prefix_ws = cascade.make_prefix_workspace(batch, heads, d, dev, parts=pp)
+            out = torch.empty_like(q)
+
+            def casc():
+                prefix = cascade.cascade_prefix_attention(
+                    q, cache, bt, tile_len, members, d**-0.5, prefix_ws, block_n=block_n, num_warps=warps,
+                    num_stages=stages,
+                )  # fmt: skip
+                paged_decode_attention(
+                    q, cache, bt, sl, d**-0.5, out=out, num_partitions=parts, workspace=ws, order=order,
+                    heads_first=True, kv_start=kv_start, prefix=prefix,
+                )  # fmt: skip
+
+            try:
+                casc()
+                t_pre = do_bench(
+                    lambda: cascade.cascade_prefix_attention(
+                        q,
+                        cache,
+                        bt,
+                        tile_len,
+                        members,
+                        d**-0.5,
+                        prefix_ws,
+                        block_n=block_n,
+                        num_warps=warps,
+                        num_stages=stages,
+                    )  # fmt: skip
+                )
+                t = do_bench(casc)
+            except Exception as e:  # noqa: BLE001 (a configuration that does not compile or fit: say so, go on)
+                print(f"  M {block_m} N {block_n} w {warps} s {stages} parts {pp}: {type(e).__name__}")
+                continue
+            err = ((out.float() - plain_out.float()).norm() / plain_out.float().norm()).item()
+            print(
+                f"  M {block_m} N {block_n} w {warps} s {stages} parts {pp}: cascade {t * 1e3:.1f} us "
+                f"(prefix {t_pre * 1e3:.1f}), {t_plain / t:.2f}x plain, rel err {err:.1e}"
+            )
+
+
+if __name__ == "__main__":
+    main()
