@@ -71,31 +71,30 @@ def test_ten_thousand_lines_killed_midway_then_resumed(tiny_model_dir, tmp_path)
 @pytest.fixture(scope="module")
 def engine():
     """The embedded model as the shared server runs it (remote_server.py's flags)."""
-    args = build_parser().parse_args(
-        ["run-batch", "-i", "-", "-o", "-", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes"]
-        + [str(256 << 20)]
-    )
+    flags = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(256 << 20)]
+    args = build_parser().parse_args(["run-batch", "-i", "-", "-o", "-", *flags])
     engine = AsyncLLM.from_config(engine_config(args), cpu_threads=1)
     yield engine
     engine.shutdown()
 
 
+HI = [{"role": "user", "content": "Hi"}]
+# (url, body): answers, logprobs, several choices, and the server's 400s and 404 (top_logprobs without logprobs,
+# an unknown field, a bad role, an unknown model, a max_tokens that cannot fit, suffix)
 BODIES = {
     "chat": (
         "/v1/chat/completions",
-        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
-        | {"logprobs": True, "top_logprobs": 2},
+        dict(model=MODEL, messages=HI, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2),
     ),
     "chat-n": (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "Name a fruit."}], "n": 2}
-        | {"max_completion_tokens": 3, "temperature": 0, "stop": ["\n"]},
+        dict(messages=HI, n=2, max_completion_tokens=3, temperature=0, stop=["\n"]),
     ),
     "top-logprobs-alone": (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "top_logprobs": 2},
+        {"messages": HI, "max_tokens": 2, "top_logprobs": 2},
     ),
-    "unknown-field": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "frobnicate": 1}),
+    "unknown-field": ("/v1/chat/completions", {"messages": HI, "frobnicate": 1}),
     "bad-role": ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "Hi"}]}),
     "no-such-model": ("/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 1}),
     "prompts-n": ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2, "n": 2, "temperature": 0}),
