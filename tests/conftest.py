@@ -11,6 +11,13 @@ import torch
 
 from heron.models.loader import embedded_model_path
 
+# One torch thread in the test process and in every process it starts (servers, CLIs, the quickstart's
+# commands): on a small busy CPU, OpenMP threads that wait for a descheduled sibling make each step several
+# times slower (run-batch's SIGKILL/resume test on a loaded 2-core machine: 102 s with torch's default of
+# two threads, 33 s with one). A test that needs another count sets it itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 TINY = dict(
     hidden_size=64,
     intermediate_size=128,

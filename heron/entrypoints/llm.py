@@ -150,7 +150,7 @@ class LLM:
     def stream(
         self, items: Iterable[StreamItem], ordered: bool = True, window: int | None = None
     ) -> Iterator[tuple[int, RequestOutput | ValueError]]:
-        """The driver of `generate_iter` and `heron run-batch`: (input position, final output) for every
+        """The driver of `generate_iter`: (input position, final output) for every
         item, or the ValueError that refused it (the others go on). Every step of the engine costs the
         same however many items are still to come: the input is read `window` at a time."""
         window = window or 4 * self.engine.config.scheduler.max_num_seqs

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -290,6 +290,25 @@ def _unicode_error(value) -> str:
     )
 
 
+def validation_error(errors: Sequence[dict]) -> ApiError:
+    """A body its request model rejects, from pydantic's errors (located under "body", as FastAPI reports
+    them): a 400 naming the field. Also what run-batch answers for such a line."""
+    # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`);
+    # text that is not Unicode says all.
+    if extra := [x for x in errors if x["type"] == "extra_forbidden"]:
+        loc = tuple(extra[0]["loc"])
+        parent = _validation_param(loc[:-1])
+        return ApiError(400, refusal(loc[-1]), param=f"{parent}.{loc[-1]}" if parent else loc[-1])
+    unicode = [x for x in errors if x["type"] == "string_unicode"]
+    err = unicode[0] if unicode else max(errors, key=lambda x: len(x["loc"]))
+    if err["type"] == "json_invalid":
+        why = err.get("ctx", {}).get("error", err["msg"])
+        return ApiError(400, f"The body is not valid JSON: {why}")
+    msg = _unicode_error(err["input"]) if err["type"] == "string_unicode" else err["msg"]
+    param = _validation_param(tuple(err["loc"]))
+    return ApiError(400, f"{param}: {msg}" if param else msg, param=param)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> Response:
@@ -297,21 +316,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> Response:
-        # Of a union's failed branches, the deepest says most (`Input should be 'text'`, not `... a string`);
-        # text that is not Unicode says all.
-        errors = e.errors()
-        if extra := [x for x in errors if x["type"] == "extra_forbidden"]:
-            loc = tuple(extra[0]["loc"])
-            parent = _validation_param(loc[:-1])
-            return ApiError(400, refusal(loc[-1]), param=f"{parent}.{loc[-1]}" if parent else loc[-1]).response()
-        unicode = [x for x in errors if x["type"] == "string_unicode"]
-        err = unicode[0] if unicode else max(errors, key=lambda x: len(x["loc"]))
-        if err["type"] == "json_invalid":
-            why = err.get("ctx", {}).get("error", err["msg"])
-            return ApiError(400, f"The body is not valid JSON: {why}").response()
-        msg = _unicode_error(err["input"]) if err["type"] == "string_unicode" else err["msg"]
-        param = _validation_param(tuple(err["loc"]))
-        return ApiError(400, f"{param}: {msg}" if param else msg, param=param).response()
+        return validation_error(e.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> Response:

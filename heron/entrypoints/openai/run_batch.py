@@ -1,51 +1,46 @@
-"""`heron run-batch -i requests.jsonl -o results.jsonl`: an OpenAI Batch API file, run in-process (no HTTP), as
+"""`heron run-batch -i requests.jsonl -o results.jsonl`: an OpenAI Batch API file, run without HTTP, as
 `vllm run-batch` does.
 
 Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`;
 each output line `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`, in the order
-requests finish. The body is read by the server's own request models and answered by its own response
-building (protocol.py, serving_chat.py, serving_completion.py), so it means exactly what it means in
-`heron serve`. A bad line (not JSON, an unknown url, a field the server refuses) becomes an error line with
-the server's status and error body; the job goes on.
+requests finish. A body goes through the server's own route: its request model (a rejected field is the
+server's 400, `api_server.validation_error`), then the endpoint's handler (`OpenAIServingChat.create`,
+`OpenAIServingCompletion.create`) over the same engine process (`AsyncLLM`), so a line's response body is
+the one `heron serve` returns for that request. A bad line (not JSON, no custom_id, an unknown url, a body the
+server refuses) becomes an error line with the server's status and error body; the job goes on. A dead engine
+stops it (what is left runs again under --resume).
 
-Memory stays bounded whatever the file's length: lines are read as the engine makes room (`LLM.stream`).
-Every output line is written and flushed as its request finishes, so after a crash or Ctrl-C `--resume`
-skips the custom_ids already in the output file (a truncated last line is cut off and its request run
-again) and appends the rest: nothing written is lost or written twice.
+Memory stays bounded whatever the file's length: lines are read as answers come back, at most a window of
+4 x max_num_seqs lines in flight. Every output line is written and flushed as its request finishes, so after a
+crash or Ctrl-C `--resume` skips the custom_ids already in the output file (a truncated last line is cut off
+and its request run again) and appends the rest: nothing written is lost or written twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TextIO
 
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from heron.entrypoints.llm import LLM
+from heron.engine.async_llm import AsyncLLM
+from heron.entrypoints.openai.admission import Admission
+from heron.entrypoints.openai.api_server import validation_error
 from heron.entrypoints.openai.errors import ApiError, api_error
-from heron.entrypoints.openai.limits import DEFAULT_MAX_SEQS_PER_REQUEST, RequestLimits, longest_token
-from heron.entrypoints.openai.protocol import (
-    ChatChoiceLogprobs,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatCompletionResponseChoice,
-    ChatMessage,
-    CompletionRequest,
-    CompletionResponse,
-    UsageInfo,
-)
+from heron.entrypoints.openai.limits import DEFAULT_MAX_SEQS_PER_REQUEST, RequestLimits
+from heron.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIBaseModel
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
-from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion, _prompts
-from heron.entrypoints.openai.serving_tools import ToolCalling
-from heron.outputs import RequestOutput
-from heron.sampling_params import SamplingParams
+from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from heron.metrics import ServerMetrics
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+_ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl"}
 
 
 def resume_output(path: str) -> set[str]:
@@ -69,16 +64,22 @@ def resume_output(path: str) -> set[str]:
 
 
 @dataclass
-class Job:
-    """One input line: its request, or the error that answers it at once."""
+class Line:
+    """One input line: the request it asks for, or the error that answers it at once."""
 
     custom_id: str | None
     url: str = ""
-    request: ChatCompletionRequest | CompletionRequest | None = None
-    prompts: list[str | list[int]] = field(default_factory=list)
-    params: SamplingParams | None = None
+    body: dict | None = None
     error: ApiError | None = None
-    outputs: dict[int, RequestOutput] = field(default_factory=dict)  # prompt index -> its final output
+
+
+@dataclass
+class Answer:
+    """A line's response: the status and body the server would send."""
+
+    line: Line
+    status: int
+    body: dict
 
 
 @dataclass
@@ -88,183 +89,132 @@ class Summary:
 
 
 class BatchRunner:
-    """Reads the lines into engine requests and the finished requests into output lines, with the server's
-    request models and response building."""
+    """Answers lines with the server's routes: its request models, then its handlers over `engine`."""
 
-    def __init__(self, llm: LLM) -> None:
-        engine = llm.engine
-        limits = RequestLimits(
-            max_model_len=engine.max_model_len,
-            vocab_size=engine.model_cfg.vocab_size,
-            max_seqs_per_request=DEFAULT_MAX_SEQS_PER_REQUEST,
-            max_n=min(DEFAULT_MAX_SEQS_PER_REQUEST, engine.config.scheduler.max_num_seqs),
-            max_prompt_chars=engine.max_model_len * longest_token(engine.tokenizer),
-        )
+    def __init__(self, engine: AsyncLLM) -> None:
+        self.engine = engine
         names = [engine.model_name]
-        # (their sync halves only: request -> SamplingParams and prompt, output -> choices; no HTTP, no admission)
-        common = dict(engine=engine, served_model_names=names, metrics=None, admission=None, limits=limits)
-        self.chat = OpenAIServingChat(**common)
-        self.completion = OpenAIServingCompletion(**common)
-
-    def parse(self, line: str) -> Job:
-        try:
-            raw = json.loads(line)
-        except ValueError as e:
-            return Job(None, error=ApiError(400, f"The line is not JSON: {e}"))
-        if not isinstance(raw, dict):
-            return Job(None, error=ApiError(400, "The line is not a JSON object."))
-        job = Job(raw.get("custom_id") if isinstance(raw.get("custom_id"), str) else None, raw.get("url", ""))
-        try:
-            job.error = None if job.custom_id is not None else ApiError(400, "custom_id (a string) is required.")
-            if job.error is None:
-                self._read(job, raw)
-        except ApiError as e:
-            job.error = e
-        except ValidationError as e:
-            err = e.errors()[0]
-            job.error = ApiError(400, f"{err['msg']}", param=".".join(str(p) for p in err["loc"]))
-        except Exception as e:  # noqa: BLE001 - a bad line never stops the job
-            job.error = api_error(e)
-        return job
-
-    def _read(self, job: Job, raw: dict) -> None:
-        if raw.get("method", "POST") != "POST":
-            raise ApiError(400, f"method {raw.get('method')!r} is not supported: only POST.", param="method")
-        body = raw.get("body")
-        if not isinstance(body, dict):
-            raise ApiError(400, "body (a JSON object) is required.", param="body")
-        if job.url == CHAT:
-            req = ChatCompletionRequest.model_validate(body)
-            serving = self.chat
-            serving.model_name(req.model)
-            params, _ = serving.chat_sampling_params(req)
-            job.prompts = [serving.render(req.messages, req)]
-        elif job.url == COMPLETIONS:
-            req = CompletionRequest.model_validate(body)
-            self.completion.model_name(req.model)
-            if req.suffix is not None:
-                raise ApiError(400, "suffix is not supported.", param="suffix")
-            echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
-            params = self.completion.sampling_params(
-                req, max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_lps
-            )
-            job.prompts = _prompts(req.prompt)
-        elif job.url == EMBEDDINGS:
-            raise ApiError(400, "/v1/embeddings is not supported by run-batch yet.", param="url")
-        else:
-            raise ApiError(400, f"url {job.url!r} is not one of {CHAT}, {COMPLETIONS}.", param="url")
-        if req.stream:
-            raise ApiError(400, "stream is not supported in a batch.", param="stream")
-        server_only = _SERVER_ONLY | ({"echo"} if job.url == CHAT else set())
-        if unhandled := sorted(server_only & {k for k, v in req if v not in (None, False)}):
-            field = unhandled[0]
-            raise ApiError(400, f"{field} is not supported by run-batch yet (use heron serve).", param=field)
-        job.request, job.params = req, params
-
-    def response(self, job: Job, request_id: str) -> dict:
-        """The line's response body, from its prompts' final outputs, as the server would answer."""
-        req = job.request
-        outs = [job.outputs[i] for i in range(len(job.prompts))]
-        usage = UsageInfo(
-            prompt_tokens=sum(len(o.prompt_token_ids) for o in outs),
-            completion_tokens=sum(len(c.token_ids) for o in outs for c in o.outputs),
+        admission = Admission(None)  # the window of lines in flight is the only queue
+        metrics = ServerMetrics(
+            names[0], engine.get_stats, lambda: admission.waiting, max_model_len=engine.max_model_len
         )
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-        model = self.chat.model_name(req.model)
-        if job.url == CHAT:
-            choices = []
-            for c in outs[0].outputs:
-                piece = self.chat._choice(req, (c.index, outs[0], c), ToolCalling(req, None), {})
-                choices.append(
-                    ChatCompletionResponseChoice(
-                        index=piece.index,
-                        message=ChatMessage(content=piece.delta.content or ""),
-                        logprobs=piece.logprobs or (ChatChoiceLogprobs(content=[]) if req.logprobs else None),
-                        finish_reason=piece.finish_reason,
-                    )
-                )
-            resp = ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
-        else:
-            sent: dict[int, int] = {}
-            choices = [
-                self.completion._choice(req, (i * req.n + c.index, o, c), sent)
-                for i, o in enumerate(outs)
-                for c in o.outputs
-            ]
-            resp = CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
-        return resp.model_dump(mode="json")
+        limits = RequestLimits.of(engine.info, DEFAULT_MAX_SEQS_PER_REQUEST)
+        common = dict(engine=engine, served_model_names=names, metrics=metrics, admission=admission, limits=limits)
+        self.routes: dict[str, tuple[type[OpenAIBaseModel], OpenAIServingChat | OpenAIServingCompletion]] = {
+            CHAT: (ChatCompletionRequest, OpenAIServingChat(**common)),
+            COMPLETIONS: (CompletionRequest, OpenAIServingCompletion(**common)),
+        }
+
+    def parse(self, text: str) -> Line:
+        """The line's envelope; its body is read by the route."""
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            return Line(None, error=ApiError(400, f"The line is not JSON: {e}"))
+        if not isinstance(raw, dict):
+            return Line(None, error=ApiError(400, "The line is not a JSON object."))
+        custom_id = raw.get("custom_id")
+        line = Line(custom_id if isinstance(custom_id, str) else None, raw.get("url", ""), raw.get("body"))
+        if line.custom_id is None:
+            line.error = ApiError(400, "custom_id (a string) is required.")
+        elif raw.get("method", "POST") != "POST":
+            line.error = ApiError(400, f"method {raw.get('method')!r} is not supported: only POST.", param="method")
+        elif line.url == EMBEDDINGS:
+            line.error = ApiError(400, "/v1/embeddings is not supported by run-batch yet.", param="url")
+        elif line.url not in self.routes:
+            line.error = ApiError(400, f"url {line.url!r} is not one of {CHAT}, {COMPLETIONS}.", param="url")
+        elif not isinstance(line.body, dict):
+            line.error = ApiError(400, "body (a JSON object) is required.", param="body")
+        return line
+
+    async def answer(self, line: Line) -> Answer:
+        """What the server answers for the line's request; raises only when the engine has died."""
+        model, serving = self.routes[line.url]
+        try:
+            try:
+                req = model.model_validate(line.body)
+            except ValidationError as e:  # as FastAPI reports a body's errors
+                raise validation_error([{**x, "loc": ("body", *x["loc"])} for x in e.errors()]) from None
+            if req.stream:
+                raise ApiError(400, "stream is not supported in a batch.", param="stream")
+            response = await serving.create(req, None)  # (no client to hang up)
+            return Answer(line, 200, response.model_dump(mode="json"))
+        except Exception as e:  # noqa: BLE001 - a bad line never stops the job
+            if self.engine.dead is not None:
+                raise RuntimeError(f"the engine has stopped: {self.engine.dead!r}") from e
+            error = e if isinstance(e, ApiError) else api_error(e)
+            line.error = error
+            return Answer(line, error.status, json.loads(error.body()))
 
 
-# Fields whose handling lives in the server's request handlers only (tool calls, candidates, prompt logprobs,
-# beams; chat's echo): a batch line that sets one is an error line, never answered as if it were not there.
-_SERVER_ONLY = frozenset({"tools", "tool_choice", "best_of", "prompt_logprobs", "use_beam_search"})
-
-
-def run_batch(llm: LLM, input_file: str, out, done: set[str], progress: bool = True) -> Summary:
+def run_batch(engine: AsyncLLM, input_file: str, out: TextIO, done: set[str], progress: bool = True) -> Summary:
     """Run every line of `input_file` whose custom_id is not in `done`, writing each result line to `out`
     (flushed) as it finishes."""
-    runner = BatchRunner(llm)
+    return asyncio.run(_run(BatchRunner(engine), input_file, out, done, progress))
+
+
+async def _run(runner: BatchRunner, input_file: str, out: TextIO, done: set[str], progress: bool) -> Summary:
     summary = Summary()
-    jobs: dict[int, tuple[Job, int]] = {}  # engine item -> (its line's job, the prompt's index in it)
+    window = 4 * runner.engine.info.max_num_seqs
     bar = tqdm(desc="Requests", unit="req", disable=not progress, total=_count_lines(input_file) - len(done))
     tokens, start = 0, time.perf_counter()
 
-    def write(job: Job, body: dict | None) -> None:
+    def write(answer: Answer) -> None:
         nonlocal tokens
-        request_id = body["id"] if body is not None else f"{_prefix(job)}-{uuid.uuid4().hex}"
-        if body is not None:
-            response = {"status_code": 200, "request_id": request_id, "body": body}
+        line, body = answer.line, answer.body
+        if line.error is None:
+            request_id, error = body["id"], None
             tokens += body["usage"]["completion_tokens"]
-            error = None
         else:
             summary.errors += 1
-            response = {"status_code": job.error.status, "request_id": request_id, "body": json.loads(job.error.body())}
-            error = {"code": job.error.code or str(job.error.status), "message": job.error.message}
-        line = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": job.custom_id, "response": response, "error": error}
-        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            request_id = f"{_ID_PREFIX.get(line.url, 'batch')}-{uuid.uuid4().hex}"
+            error = {"code": line.error.code or str(line.error.status), "message": line.error.message}
+        response = {"status_code": answer.status, "request_id": request_id, "body": body}
+        record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": response}
+        out.write(json.dumps({**record, "error": error}, ensure_ascii=False) + "\n")
         out.flush()
         summary.written += 1
-        elapsed = time.perf_counter() - start
-        bar.set_postfix_str(f"{tokens / elapsed:,.0f} tok/s", refresh=False)
+        bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):,.0f} tok/s", refresh=False)
         bar.update(1)
 
-    def items() -> Iterator[tuple[str | list[int], SamplingParams, bool]]:
-        position = 0
-        with open(input_file, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                job = runner.parse(line)
-                if job.custom_id is not None and job.custom_id in done:
-                    continue
-                if job.error is not None:
-                    write(job, None)
-                    continue
-                special = job.url != CHAT  # the chat template holds its special tokens already
-                for i, prompt in enumerate(job.prompts):
-                    jobs[position] = (job, i)
-                    position += 1
-                    yield prompt, job.params, special
+    slots = asyncio.Semaphore(window)
+    in_flight: set[asyncio.Task] = set()
+    failures: list[BaseException] = []  # the engine's death, which ends the job
+
+    async def run(line: Line) -> None:
+        try:
+            write(await runner.answer(line))
+        except Exception as e:  # noqa: BLE001 - raised by the reading loop below
+            failures.append(e)
+        finally:
+            slots.release()
 
     try:
-        for position, result in llm.stream(items(), ordered=False):
-            job, i = jobs.pop(position)
-            if job.error is not None:
-                continue  # another prompt of the line failed: its error line is written
-            if isinstance(result, ValueError):
-                job.error = api_error(result, "messages" if job.url == CHAT else "prompt")
-                write(job, None)
-                continue
-            job.outputs[i] = result
-            if len(job.outputs) == len(job.prompts):
-                write(job, runner.response(job, f"{_prefix(job)}-{uuid.uuid4().hex}"))
+        with open(input_file, encoding="utf-8") as f:
+            for text in f:
+                if not text.strip():
+                    continue
+                line = runner.parse(text)
+                if line.custom_id is not None and line.custom_id in done:
+                    continue
+                if line.error is not None:
+                    write(Answer(line, line.error.status, json.loads(line.error.body())))
+                    continue
+                await slots.acquire()
+                if failures:
+                    raise failures[0]
+                task = asyncio.ensure_future(run(line))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+        await asyncio.gather(*in_flight)
+        if failures:
+            raise failures[0]
     finally:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
         bar.close()
     return summary
-
-
-def _prefix(job: Job) -> str:
-    return "chatcmpl" if job.url == CHAT else "cmpl"
 
 
 def _count_lines(path: str) -> int:

@@ -21,19 +21,30 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="skip the custom_ids already in the output file")
     p.add_argument("--model", default=None, help="HF folder, hub id or .gguf file (default: the embedded model)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch threads of the engine process when it runs on the CPU (as `heron serve --cpu-threads`)",
+    )
     add_engine_args(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    from heron.engine.async_llm import AsyncLLM
     from heron.entrypoints.engine_args import engine_config
-    from heron.entrypoints.llm import LLM
     from heron.entrypoints.openai.run_batch import resume_output, run_batch
+    from heron.entrypoints.openai.server_config import engine_cpu_threads
 
-    llm = LLM.from_config(engine_config(args))
+    config = engine_config(args)
+    engine = AsyncLLM.from_config(config, cpu_threads=engine_cpu_threads(args, config))
     done = resume_output(args.output_file) if args.resume else set()
-    with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
-        summary = run_batch(llm, args.input_file, out, done, args.progress)
+    try:
+        with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
+            summary = run_batch(engine, args.input_file, out, done, args.progress)
+    finally:
+        engine.shutdown()
     print(
         f"{summary.written} results written ({summary.errors} errors), {len(done)} skipped as already done",
         file=sys.stderr,

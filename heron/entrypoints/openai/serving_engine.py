@@ -73,9 +73,11 @@ class ClientDisconnected(Exception):
     """The client hung up before the answer was ready; nobody is left to answer."""
 
 
-async def until_disconnected(raw: Request, work: Awaitable[T]) -> T:
+async def until_disconnected(raw: Request | None, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it when the client hangs up. Cancelling closes the engine streams that
-    `work` reads, which aborts their requests."""
+    `work` reads, which aborts their requests. No `raw` (run-batch's lines): no client to watch."""
+    if raw is None:
+        return await work
     task = asyncio.ensure_future(work)
 
     async def hung_up() -> None:
