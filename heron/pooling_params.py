@@ -1,0 +1,25 @@
+"""Per-request parameters of a pooling model's request (`LLM.embed`, `POST /v1/embeddings`), named as vLLM's
+`PoolingParams`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PoolingParams:
+    """`dimensions`: keep the first d of the embedding (a matryoshka model only: one whose config.json declares
+    `matryoshka_dimensions` or `is_matryoshka`); `normalize`: L2-normalise it (None: the model's pooler config,
+    true unless --pooler-config says otherwise); `truncate_prompt_tokens`: keep only the prompt's last k tokens
+    (-1: max_model_len of them), so that a long input is cut instead of refused."""
+
+    dimensions: int | None = None
+    normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dimensions is not None and (isinstance(self.dimensions, bool) or self.dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
+        k = self.truncate_prompt_tokens
+        if k is not None and (isinstance(k, bool) or not (k == -1 or k >= 1)):
+            raise ValueError(f"truncate_prompt_tokens must be -1 or a positive integer, got {k!r}.")
