@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from heron.sampling_params import RequestOutputKind, SamplingParams
+
 
 @dataclass(frozen=True)
 class PoolingParams:
@@ -23,3 +25,8 @@ class PoolingParams:
         k = self.truncate_prompt_tokens
         if k is not None and (isinstance(k, bool) or not (k == -1 or k >= 1)):
             raise ValueError(f"truncate_prompt_tokens must be -1 or a positive integer, got {k!r}.")
+
+
+# What the scheduler reads of a pooling request (engine/pooling.py): one draw, which the pooler takes instead of
+# a sampler, and its output only at the end.
+PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -32,7 +32,7 @@ from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
 from heron.models.pooling import matryoshka_dimensions, resolve_pooler_config
 from heron.outputs import EmbeddingRequestOutput, RequestOutput
-from heron.pooling_params import PoolingParams
+from heron.pooling_params import PREFILL_ONLY, PoolingParams
 from heron.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from heron.stats import EngineStats
 
@@ -259,7 +259,7 @@ class LLMEngine:
             request_id,
             text,
             ids,
-            pooling.PREFILL_ONLY,
+            PREFILL_ONLY,
             arrival_time=arrival_time or time.time(),
             priority=priority,
             pooling_params=params,

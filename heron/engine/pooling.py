@@ -10,10 +10,6 @@ import torch
 from heron.engine.request import Request
 from heron.outputs import EmbeddingOutput, EmbeddingRequestOutput
 from heron.pooling_params import PoolingParams
-from heron.sampling_params import RequestOutputKind, SamplingParams
-
-# What the scheduler reads of a pooling request: one draw (which the pooler takes), its output only at the end.
-PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def check_prompt(
