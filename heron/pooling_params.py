@@ -26,6 +26,17 @@ class PoolingParams:
         if k is not None and (isinstance(k, bool) or not (k == -1 or k >= 1)):
             raise ValueError(f"truncate_prompt_tokens must be -1 or a positive integer, got {k!r}.")
 
+    def truncate(self, ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's tokens that are pooled: its last truncate_prompt_tokens, or all of them."""
+        if self.truncate_prompt_tokens is None:
+            return ids
+        keep = max_model_len if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        if keep > max_model_len:
+            raise ValueError(
+                f"truncate_prompt_tokens ({keep}) must be at most max_model_len ({max_model_len}), or -1 for it."
+            )
+        return ids[-keep:]
+
 
 # What the scheduler reads of a pooling request (engine/pooling.py): one draw, which the pooler takes instead of
 # a sampler, and its output only at the end.

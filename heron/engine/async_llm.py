@@ -273,6 +273,9 @@ class AsyncLLM:
     ) -> EmbeddingRequestOutput:
         """A pooling engine's embedding of one prompt (ValueError for what the engine refuses: the message
         starts with the field at fault). Cancelled, the request is aborted."""
+        if isinstance(prompt, str) and self.tokenizer is not None:  # (cut here too: its output names its tokens)
+            prompt = await self.tokenize(prompt, add_special_tokens)
+        prompt = params.truncate(prompt, self.max_model_len) if isinstance(prompt, list) else prompt
         stream = await self.add_request(
             prompt, PREFILL_ONLY, request_id, priority, add_special_tokens, pooling_params=params
         )

@@ -18,13 +18,7 @@ def check_prompt(
     """The prompt as it will be pooled (its last truncate_prompt_tokens tokens, if asked); ValueError, its
     message starting with the field at fault, for a prompt over max_model_len or dimensions the model was not
     trained for (vLLM's checks)."""
-    if params.truncate_prompt_tokens is not None:
-        keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
-        if keep > max_model_len:
-            raise ValueError(
-                f"truncate_prompt_tokens ({keep}) must be at most max_model_len ({max_model_len}), or -1 for it."
-            )
-        ids = ids[-keep:]
+    ids = params.truncate(ids, max_model_len)
     if len(ids) > max_model_len:
         raise ValueError(
             f"The input is {len(ids)} tokens long, but this model's maximum context length (max_model_len) is "
