@@ -4,9 +4,13 @@ for matryoshka truncation (config.json's `matryoshka_dimensions` or `is_matryosh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 from heron.config import ModelSource, PoolerConfig
 
@@ -52,6 +56,28 @@ def resolve_pooler_config(model: str | ModelSource | None, override: PoolerConfi
             "" if config.normalize else "not ",
         )
     return config
+
+
+def as_causal_lm(source: ModelSource) -> ModelSource:
+    """A base-model checkpoint (`architectures: ["MistralModel"]`, as e5-mistral is saved: the decoder without
+    its LM head) as the causal LM Heron builds: the architecture its model_type names, and an LM head of zeros
+    that the pooler never reads. Any other source as it is."""
+    arch = (source.hf_config.get("architectures") or ["ForCausalLM"])[0]
+    if not arch.endswith("Model"):
+        return source
+    hf_config = {k: v for k, v in source.hf_config.items() if k != "architectures"}  # (found by model_type)
+    weights = source.weights
+    vocab, hidden = hf_config["vocab_size"], hf_config["hidden_size"]
+
+    def with_lm_head() -> Iterator[tuple[str, torch.Tensor]]:
+        has_head = False
+        for name, tensor in weights():
+            has_head |= name == "lm_head.weight"
+            yield name, tensor
+        if not has_head:
+            yield "lm_head.weight", torch.zeros(vocab, hidden)
+
+    return dataclasses.replace(source, hf_config=hf_config, weights=with_lm_head)
 
 
 def matryoshka_dimensions(hf_config: dict) -> list[int] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +152,16 @@ def test_embedded_smollm2_matches_transformers():
     outs = llm.embed(PROMPTS[:2], use_tqdm=False)
     for out in outs:
         assert_close(out, reference(model.eval(), out.prompt_token_ids, "MEAN"))
+
+
+def test_a_headless_base_model_checkpoint(qwen3, hf_qwen3, tmp_path):
+    """An embedding model saved as its base model (architectures ["Qwen3Model"], no lm_head, as e5-mistral's
+    "MistralModel"): Heron builds the causal LM with a zero LM head the pooler never reads."""
+    hf_qwen3.save_pretrained(tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src := Path(qwen3) / f).exists():
+            shutil.copy(src, tmp_path / f)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen3Model"]
+    llm = embedder(str(tmp_path), "LAST")
+    out = llm.embed(PROMPTS[0], use_tqdm=False)[0]
+    assert_close(out, reference(hf_qwen3, out.prompt_token_ids, "LAST"))
