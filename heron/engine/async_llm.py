@@ -273,18 +273,19 @@ class AsyncLLM:
     ) -> EmbeddingRequestOutput:
         """A pooling engine's embedding of one prompt (ValueError for what the engine refuses: the message
         starts with the field at fault). Cancelled, the request is aborted."""
-        if isinstance(prompt, str) and self.tokenizer is not None:  # (cut here too: its output names its tokens)
+        if isinstance(prompt, str) and self.tokenizer is not None:
             prompt = await self.tokenize(prompt, add_special_tokens)
-        prompt = params.truncate(prompt, self.max_model_len) if isinstance(prompt, list) else prompt
+        if isinstance(prompt, list):  # cut here, so that the output names the tokens embedded
+            prompt = params.truncate(prompt, self.max_model_len)
         stream = await self.add_request(
             prompt, PREFILL_ONLY, request_id, priority, add_special_tokens, pooling_params=params
         )
         try:
-            async for out in stream:
-                prompt_ids = out.prompt_token_ids
+            async for _ in stream:  # (one output, when it finishes)
+                pass
         finally:
             stream.close()
-        return EmbeddingRequestOutput(request_id, EmbeddingOutput(stream.embedding or []), prompt_ids)
+        return EmbeddingRequestOutput(request_id, EmbeddingOutput(stream.embedding or []), prompt)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
         """Text's ids, made here so that the engine process's steps never wait on tokenizing a burst of new
