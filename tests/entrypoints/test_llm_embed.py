@@ -1,6 +1,7 @@
 """LLM(runner="pooling").embed against transformers: the final hidden states (AutoModel's last_hidden_state,
 after the final norm) pooled the same way and normalised, for LAST, MEAN and CLS, one prompt and a batch,
-prompts longer than a step's token budget (chunked prefill), on a tiny random Qwen3 and the embedded SmolLM2."""
+prompts longer than a step's token budget (chunked prefill), on a tiny random Qwen3 and the embedded SmolLM2.
+float32 engines, so that the same tolerance holds on a GPU (benchmarks/gpu_check.sh embed-tests)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,15 @@ def hf_qwen3(qwen3):
 
 def embedder(path, pooling: str | None = None, **kwargs) -> LLM:
     config = {"pooling_type": pooling} if pooling else None
-    return LLM(path, runner="pooling", pooler_config=config, max_num_batched_tokens=CHUNK, max_model_len=256, **kwargs)
+    return LLM(
+        path,
+        runner="pooling",
+        pooler_config=config,
+        max_num_batched_tokens=CHUNK,
+        max_model_len=256,
+        dtype="float32",
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("pooling", ["LAST", "MEAN", "CLS"])
@@ -105,7 +114,9 @@ def test_sentence_transformers_folder_and_matryoshka(qwen3, hf_qwen3, tmp_path):
     pooling = {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
 
-    llm = LLM(str(folder), task="embed", max_model_len=256)  # vLLM's older spelling of runner="pooling"
+    llm = LLM(
+        str(folder), task="embed", max_model_len=256, dtype="float32"
+    )  # vLLM's older spelling of runner="pooling"
     assert llm.engine.pooler_config.pooling_type == "MEAN"
     ids = llm.get_tokenizer().encode(PROMPTS[0])
     out = llm.embed(PROMPTS[0], PoolingParams(dimensions=16), use_tqdm=False)[0]
@@ -141,6 +152,7 @@ def test_embedded_smollm2_matches_transformers():
         pooler_config={"pooling_type": "MEAN"},
         max_num_batched_tokens=CHUNK,
         max_model_len=128,
+        dtype="float32",
     )
     config = LlamaConfig(**{k: v for k, v in source.hf_config.items() if k != "architectures"})
     with torch.device("meta"):  # no random init of weights about to be replaced
