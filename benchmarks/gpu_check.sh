@@ -25,6 +25,8 @@ for s in $SECTIONS; do case $s in
   gemv)  # the decode GEMV: its tests on the GPU, then its timings against cuBLAS (add --sweep to tune)
     run gemv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py
     run gemv-bench python3 -m heron.bench.kernels --gemv ;;
+  embed-tests)  # issue 21: LLM.embed on the GPU (float32, eager) against transformers on the CPU
+    run embed-tests python3 -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_embed.py ;;
   gemv-sweep) run gemv-sweep python3 -m heron.bench.kernels --gemv --sweep ;;
   prefill-sweep) run prefill-sweep python3 -m heron.bench.kernels --prefill-only --sweep ;;
   decode-sweep) run decode-sweep python3 -m heron.bench.kernels --decode-only --sweep ;;

@@ -5,14 +5,25 @@ do not pay for torch."""
 
 from heron.version import __version__
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = [
+    "LLM",
+    "LoRARequest",
+    "SamplingParams",
+    "PoolingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "EmbeddingRequestOutput",
+    "__version__",
+]
 
 _LAZY = {
     "LLM": "heron.entrypoints.llm",
     "LoRARequest": "heron.lora_request",
     "SamplingParams": "heron.sampling_params",
+    "PoolingParams": "heron.pooling_params",
     "RequestOutput": "heron.outputs",
     "CompletionOutput": "heron.outputs",
+    "EmbeddingRequestOutput": "heron.outputs",
 }
 
 

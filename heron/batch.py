@@ -90,3 +90,6 @@ class ModelRunnerOutput:
     sampled: list[list[int]]  # its new tokens (num_samples of them), or []
     logprobs: list[list[Logprobs]]  # parallel to `sampled` (empty if not asked)
     prompt_logprobs: list[list[Logprobs]]  # for the prompt positions computed this step
+    # A pooling model's step (executor/pooler.py): per sequence its pooled float32 vector (a CPU tensor) if the
+    # step finished its prompt, else None; None for a generation step.
+    pooled: list | None = None

@@ -50,6 +50,58 @@ class ModelSource:
     generation_config: dict = field(default_factory=dict)
 
 
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+_TASK_RUNNERS = {"generate": "generate", "embed": "pooling", "embedding": "pooling"}
+
+
+def resolve_runner(runner: str = "auto", task: str | None = None) -> str:
+    """vLLM's --runner (auto, generate, pooling) and its older --task (generate, embed): the runner they mean.
+    auto is "generate" (Heron's architectures are all causal LMs; an embedding model among them is asked
+    for by name)."""
+    if task is not None and task != "auto":
+        if task not in _TASK_RUNNERS:
+            raise ValueError(f"task must be one of auto, {', '.join(_TASK_RUNNERS)}; got {task!r}.")
+        if runner not in ("auto", _TASK_RUNNERS[task]):
+            raise ValueError(f"task {task!r} contradicts runner {runner!r}: give one of them.")
+        return _TASK_RUNNERS[task]
+    if runner not in ("auto", "generate", "pooling"):
+        raise ValueError(f"runner must be one of auto, generate, pooling; got {runner!r}.")
+    return "generate" if runner == "auto" else runner
+
+
+@dataclass
+class PoolerConfig:
+    """How a pooling model (runner "pooling") turns a prompt's final hidden states into one vector, as vLLM's
+    --pooler-config: `pooling_type` LAST (the last token's; decoder embedding models such as Qwen3-Embedding),
+    MEAN or CLS (the first token's); None: the model folder's sentence-transformers pooling, else LAST.
+    `normalize`: L2-normalise the vector by default (a request's PoolingParams.normalize overrides it)."""
+
+    pooling_type: str | None = None
+    normalize: bool = True
+
+    @classmethod
+    def parse(cls, value: str | dict | PoolerConfig | None) -> PoolerConfig | None:
+        """From --pooler-config's JSON (or its dict); unknown keys are a ValueError naming them."""
+        if value is None or isinstance(value, PoolerConfig):
+            return value
+        import json
+
+        d = json.loads(value) if isinstance(value, str) else dict(value)
+        if not isinstance(d, dict) or (unknown := set(d) - {"pooling_type", "normalize"}):
+            raise ValueError(f"pooler_config takes pooling_type and normalize only; got {sorted(unknown)}.")
+        config = cls(**d)
+        config.verify()
+        return config
+
+    def verify(self) -> None:
+        if self.pooling_type is not None:
+            self.pooling_type = str(self.pooling_type).upper()
+            if self.pooling_type not in POOLING_TYPES:
+                raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}.")
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be true or false, got {self.normalize!r}.")
+
+
 @dataclass
 class ModelConfig:
     model: str | ModelSource | None = None  # None: the embedded default; a ModelSource: tensors in hand
@@ -66,8 +118,16 @@ class ModelConfig:
     # Default sampling parameters: "auto" the model's generation_config.json, "vllm" none (SamplingParams'
     # defaults), or a folder holding a generation_config.json.
     generation_config: str = "auto"
+    # "generate", or "pooling": every request is an embedding (prefill only, no decode; docs/server.md). vLLM's
+    # older task="embed" means "pooling", task="generate" "generate".
+    runner: str = "generate"
+    pooler_config: PoolerConfig | None = None  # runner "pooling": overrides what the model folder says
 
     def verify(self) -> None:
+        if self.runner not in ("generate", "pooling"):
+            raise ValueError(f"runner must be 'generate' or 'pooling', got {self.runner!r}.")
+        if self.pooler_config is not None:
+            self.pooler_config.verify()
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
         if self.quantization not in (None, "fp8"):
@@ -174,3 +234,5 @@ class EngineConfig:
         if self.parallel.tensor_parallel_size > 1 and not isinstance(self.model.model, str | None):
             # each rank loads its own slices of the checkpoint, so it needs where to find it
             raise ValueError("tensor_parallel_size > 1 needs the model as a path or hub id, not tensors in hand.")
+        if self.model.runner == "pooling" and (self.parallel.tensor_parallel_size > 1 or self.lora.enable_lora):
+            raise ValueError("runner 'pooling' is not supported with tensor_parallel_size > 1 or enable_lora yet.")

@@ -61,3 +61,25 @@ class BeamSearchOutput:
     """A prompt's beams, best first (by length-penalised score)."""
 
     sequences: list[BeamSearchSequence]
+
+
+@dataclass
+class EmbeddingOutput:
+    """A pooling model's vector for one prompt, as vLLM's: `embedding` (pooled, then cut to `dimensions` and
+    normalised as its PoolingParams say)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt (vLLM's name and fields)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

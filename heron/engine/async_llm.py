@@ -38,7 +38,8 @@ from heron.engine.messages import (
 )
 from heron.engine.output_assembler import OutputAssembler
 from heron.lora_request import LoRARequest
-from heron.outputs import RequestOutput
+from heron.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from heron.pooling_params import PREFILL_ONLY, PoolingParams
 from heron.sampling_params import SamplingParams
 from heron.stats import EngineStats
 
@@ -131,6 +132,11 @@ class RequestStream:
         self._finished = out.finished
         return out
 
+    @property
+    def embedding(self) -> list[float] | None:
+        """A pooling request's vector, once it has finished."""
+        return self._outputs.embedding
+
     def close(self) -> None:
         """Stop listening; the engine aborts the request if it is still there. Idempotent."""
         if self._closed:
@@ -209,6 +215,7 @@ class AsyncLLM:
         priority: int = 0,
         add_special_tokens: bool = True,
         lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> RequestStream:
         """Send a request to the engine and return its stream once the engine has accepted it. Its rejection
         raises ValueError (the message starts with the field at fault); a dead engine EngineDeadError.
@@ -226,7 +233,11 @@ class AsyncLLM:
         if self.dead is not None:
             self._unregister(stream)
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
-        self._outbox.put(AddRequest(request_id, prompt, prompt_ids, params, priority, add_special_tokens, lora_request))
+        self._outbox.put(
+            AddRequest(
+                request_id, prompt, prompt_ids, params, priority, add_special_tokens, lora_request, pooling_params
+            )
+        )
         try:
             await stream.accepted()
         except BaseException:
@@ -251,6 +262,30 @@ class AsyncLLM:
                 yield out
         finally:
             stream.close()
+
+    async def encode(
+        self,
+        prompt: str | list[int],
+        params: PoolingParams,
+        request_id: str,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> EmbeddingRequestOutput:
+        """A pooling engine's embedding of one prompt (ValueError for what the engine refuses: the message
+        starts with the field at fault). Cancelled, the request is aborted."""
+        if isinstance(prompt, str) and self.tokenizer is not None:
+            prompt = await self.tokenize(prompt, add_special_tokens)
+        if isinstance(prompt, list):  # cut here, so that the output names the tokens embedded
+            prompt = params.truncate(prompt, self.max_model_len)
+        stream = await self.add_request(
+            prompt, PREFILL_ONLY, request_id, priority, add_special_tokens, pooling_params=params
+        )
+        try:
+            async for _ in stream:  # (one output, when it finishes)
+                pass
+        finally:
+            stream.close()
+        return EmbeddingRequestOutput(request_id, EmbeddingOutput(stream.embedding or []), prompt)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
         """Text's ids, made here so that the engine process's steps never wait on tokenizing a burst of new

@@ -54,6 +54,7 @@ def run_engine_core(
             engine.generation_defaults,
             engine.model_cfg.vocab_size,
             config.scheduler.max_num_seqs,
+            config.model.runner,
         )
         events.send(Ready(info))
         _serve(engine, commands, events)
@@ -101,6 +102,7 @@ def _add(engine, msg: AddRequest) -> tuple[str, str] | None:
             add_special_tokens=msg.add_special_tokens,
             prompt_token_ids=msg.prompt_token_ids,
             lora_request=msg.lora_request,
+            pooling_params=msg.pooling_params,
         )
     except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
         return type(e).__name__, str(e)
@@ -121,5 +123,6 @@ def request_delta(request: Request, outputs: OutputProcessor) -> RequestDelta:
             first,
             request.prompt_logprobs if first else None,
             request.seqs[0].num_cached_tokens if first else 0,
+            request.embedding,
         )
     )

@@ -1,6 +1,9 @@
 """The synchronous engine: add requests, step, read outputs. One step = schedule -> execute (launch the
 model and sampler on the device) -> update (apply the sampled tokens). `LLM` drives it in a loop; the
-server's `AsyncLLM` drives it in a process of its own (engine_core.py)."""
+server's `AsyncLLM` drives it in a process of its own (engine_core.py).
+
+Length: the one owner of a request's life (add, step, abort) for every kind of request; what each kind does
+differently is a module of its own (beam_search.py, pooling.py, structured_output.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from heron.config import EngineConfig, resolve_device
 from heron.distributed import get_tp_world_size
-from heron.engine import beam_search
+from heron.engine import beam_search, pooling
 from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
 from heron.engine.request import Request, Sequence, SequenceStatus
@@ -27,7 +30,9 @@ from heron.executor.tp_worker import TPWorkers
 from heron.lora_request import LoRARequest
 from heron.models.config import TransformerConfig
 from heron.models.loader import load_source
-from heron.outputs import RequestOutput
+from heron.models.pooling import as_causal_lm, matryoshka_dimensions, resolve_pooler_config
+from heron.outputs import EmbeddingRequestOutput, RequestOutput
+from heron.pooling_params import PREFILL_ONLY, PoolingParams
 from heron.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from heron.stats import EngineStats
 
@@ -55,6 +60,8 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
+        if config.model.runner == "pooling":  # an embedding model may be saved as its base model, headless
+            source = as_causal_lm(source)
         self.model_name = config.model.served_model_name or source.name
         self.tokenizer = source.tokenizer
         if config.model.chat_template is not None and self.tokenizer is not None:
@@ -74,16 +81,26 @@ class LLMEngine:
             k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen
         }
 
+        # A pooling model (runner "pooling"): its pooler resolved once, before the runner that builds it.
+        self.pooler_config, self.matryoshka = None, None
+        if config.model.runner == "pooling":
+            config.model.pooler_config = resolve_pooler_config(config.model.model, config.model.pooler_config)
+            self.pooler_config = config.model.pooler_config
+            self.matryoshka = matryoshka_dimensions(source.hf_config)
+        self.pooling_type = self.pooler_config.pooling_type if self.pooler_config is not None else None
         # Tensor parallelism: this process is rank 0; the workers join it before any layer is built.
         tp_size = config.parallel.tensor_parallel_size
         self.tp_workers = TPWorkers(config, self.model_cfg, self.device) if tp_size > 1 else None
         start = functools.partial(self._start_runner, source)
         num_blocks, num_cpu_blocks = start() if self.tp_workers is None else self.tp_workers.run(start)
         bs = config.cache.block_size
-        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching, self.kv_window)
+        # MEAN and CLS pooling read every prompt token's hidden state: none may come from the prefix cache.
+        prefix_caching = config.cache.enable_prefix_caching and self.pooling_type in (None, "LAST")
+        self.block_manager = BlockManager(num_blocks, bs, prefix_caching, self.kv_window)
         max_loras = config.lora.max_loras if config.lora.enable_lora else 0
         self.scheduler = Scheduler(sched, self.block_manager, num_cpu_blocks, max_loras)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._make_output = self.output_processor.make_output if self.pooler_config is None else pooling.make_output
         self.requests: dict[str, Request] = {}
         self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
         self._structured: StructuredOutputManager | None = None  # made with the first constrained request
@@ -152,12 +169,14 @@ class LLMEngine:
         add_special_tokens: bool = True,
         prompt_token_ids: list[int] | None = None,
         lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> Request:
         """Validate and queue a request. Raises ValueError (naming the lengths) when it cannot fit.
         A chat prompt already holds its special tokens: pass add_special_tokens=False. A text prompt's
         `prompt_token_ids`, when the caller has them (the server tokenizes in its own process), are taken
         as they are instead of tokenizing here. `lora_request`: the LoRA adapter to run with (enable_lora),
-        read and checked here (a bad adapter is a ValueError)."""
+        read and checked here (a bad adapter is a ValueError). A pooling engine takes `pooling_params` instead
+        of `params` (engine/pooling.py)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
@@ -180,6 +199,8 @@ class LLMEngine:
             raise ValueError("The prompt is empty.")
         if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model_cfg.vocab_size}).")
+        if self.pooler_config is not None or pooling_params is not None:
+            return self._add_pooling(request_id, text, ids, pooling_params, arrival_time, priority)
         if len(ids) >= self.max_model_len:
             raise ValueError(
                 f"The prompt is {len(ids)} tokens long, but this model's maximum context length "
@@ -215,6 +236,37 @@ class LLMEngine:
         if params.beam_search is not None:
             beam_search.start(req, params.eos_token_ids)
             self._num_beam_requests += 1
+        self.stats.prompt_tokens += len(ids)
+        return req
+
+    def _add_pooling(
+        self,
+        request_id: str,
+        text: str | None,
+        ids: list[int],
+        params: PoolingParams | None,
+        arrival_time: float | None,
+        priority: int,
+    ) -> Request:
+        if self.pooler_config is None:
+            raise ValueError("pooling_params need a pooling model: start the engine with runner='pooling'.")
+        if params is None:
+            raise ValueError(
+                "This engine runs its model for embeddings (runner='pooling'): it takes pooling requests "
+                "(LLM.embed, /v1/embeddings), not generation; start it without runner='pooling' to generate."
+            )
+        ids = pooling.check_prompt(ids, params, self.max_model_len, self.model_cfg.hidden_size, self.matryoshka)
+        req = Request(
+            request_id,
+            text,
+            ids,
+            PREFILL_ONLY,
+            arrival_time=arrival_time or time.time(),
+            priority=priority,
+            pooling_params=params,
+        )
+        self.requests[request_id] = req
+        self.scheduler.add(req.seqs[0])
         self.stats.prompt_tokens += len(ids)
         return req
 
@@ -286,19 +338,23 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self._retire(seq)
+                if self.runner.pooler is not None:
+                    self.runner.pooler.discard(seq.seq_id)
         self._finish_request(req)
-        return self.output_processor.make_output(req)
+        return self._make_output(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._compiling)
 
     # -- the step ------------------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput] | list[EmbeddingRequestOutput]:
         """Run one iteration (see `advance`); returns an output for every request that advanced (finished
-        ones last time they appear; with RequestOutputKind.FINAL_ONLY, only those)."""
+        ones last time they appear; with RequestOutputKind.FINAL_ONLY, only those). A pooling engine's are
+        EmbeddingRequestOutputs, of finished requests only."""
+        make_output = self._make_output
         return [
-            self.output_processor.make_output(r)
+            make_output(r)
             for r in self.advance()
             if r.is_finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY
         ]
@@ -341,7 +397,7 @@ class LLMEngine:
             scheduled.batch.grammar_bitmask = lambda: self._grammar_masks(scheduled, touched)
         # Committed before the launch: the masks' read-back may finish sequences of this step.
         self.scheduler.commit(scheduled)
-        execute = self.runner.execute
+        execute = self.runner.execute if self.pooler_config is None else self.runner.execute_pooling
         step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
         self.stats.num_preemptions = self.scheduler.num_preemptions
         return Launched(scheduled, step)
@@ -385,6 +441,9 @@ class LLMEngine:
     def _process(self, launched: Launched, touched: dict[str, Request], ended: set[str]) -> None:
         """Read a launched step's tokens back and hand them to the sequences still waiting for them."""
         result = launched.step.result()
+        if result.pooled is not None:
+            self._process_pooled(launched.scheduled.seqs, result.pooled, touched, ended)
+            return
         now = time.time()
         append, generated = self.output_processor.append, 0
         grammar_done = {}  # (structured outputs only)
@@ -435,6 +494,22 @@ class LLMEngine:
         ]
         done = self._structured.accept([seq.grammar for seq, _ in rows], [token for _, token in rows])
         return {seq.seq_id: d for (seq, _), d in zip(rows, done)}
+
+    def _process_pooled(self, seqs: list[Sequence], pooled: list, touched: dict[str, Request], ended: set[str]) -> None:
+        """A pooling step read back: each sequence whose prompt it finished has its vector and is done (its
+        blocks freed; the prefix cache may keep them)."""
+        now = time.time()
+        for seq, vector in zip(seqs, pooled):
+            if vector is None or seq.is_finished:
+                continue
+            req = seq.request
+            req.embedding = pooling.finish(vector, req.pooling_params, self.pooler_config.normalize)
+            req.metrics.first_token_time = req.metrics.last_token_time = now
+            seq.finish_reason = "stop"
+            seq.drop_pending()
+            self._retire(seq)
+            touched[req.request_id] = req
+            ended.add(req.request_id)
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs
+from heron.pooling_params import PoolingParams
 from heron.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class AddRequest:
     priority: int
     add_special_tokens: bool
     lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None  # a pooling engine's request (params are then not read)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class ServingInfo:
     generation_defaults: dict
     vocab_size: int  # the model's (token ids and logit_bias keys must be below it)
     max_num_seqs: int  # a request's n samples must fit in one batch
+    runner: str = "generate"  # "pooling": the engine takes embedding requests only
 
 
 @dataclass
@@ -113,6 +116,7 @@ class RequestDelta(Row):
     first: bool = item(4)  # the request's first delta, the only one with the next two
     prompt_logprobs: list[Logprobs | None] | None = item(5)
     num_cached_tokens: int = item(6)
+    embedding: list[float] | None = item(7)  # a pooling request's vector, in its final delta
 
 
 @dataclass

@@ -17,6 +17,7 @@ class OutputAssembler:
         self.request_id, self.prompt, self.prompt_token_ids, self.kind = request_id, prompt, prompt_token_ids, kind
         self.prompt_logprobs: list | None = None
         self.num_cached_tokens = 0
+        self.embedding: list[float] | None = None  # a pooling request's, with its final delta
         self.finished = False
         self.times: tuple = ()
         self.pending: list[RequestDelta] = []  # DELTA: received, not yet taken
@@ -29,6 +30,8 @@ class OutputAssembler:
         if delta.first:
             self.prompt_logprobs, self.num_cached_tokens = delta.prompt_logprobs, delta.num_cached_tokens
         self.finished, self.times = delta.finished, delta.times
+        if delta.finished:
+            self.embedding = delta.embedding
         self.fresh = True
         if self.kind is RequestOutputKind.DELTA:
             self.pending.append(delta)

@@ -23,6 +23,7 @@ import numpy as np
 from heron.batch import SamplingSpec
 from heron.lora_request import LoRARequest
 from heron.outputs import Logprobs, RequestMetrics
+from heron.pooling_params import PoolingParams
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -136,6 +137,9 @@ class Request:
     # runs, `seqs` are the live beams.
     beam: object | None = None
     lora_request: LoRARequest | None = None
+    # A pooling model's request (prefill only): its parameters, and its vector once pooled.
+    pooling_params: PoolingParams | None = None
+    embedding: list[float] | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

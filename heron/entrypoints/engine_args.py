@@ -117,6 +117,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="fp8: quantize a 16/32-bit checkpoint's projections to FP8 (e4m3) W8A8 while loading "
         "(a quantized checkpoint is read as its config.json says, without this flag)",
     )
+    g.add_argument(
+        "--runner",
+        default="auto",
+        choices=["auto", "generate", "pooling"],
+        help="pooling: run the model for embeddings (/v1/embeddings, LLM.embed), prefill only; auto: generate",
+    )
+    g.add_argument(
+        "--task",
+        default=None,
+        choices=["auto", "generate", "embed"],
+        help="vLLM's older spelling of --runner: embed is --runner pooling",
+    )
+    g.add_argument(
+        "--pooler-config",
+        "--override-pooler-config",
+        default=None,
+        help='with --runner pooling, JSON: {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true | false} '
+        "(default: the folder's sentence-transformers pooling, else LAST; normalised)",
+    )
     g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters over the base model (docs/lora.md)")
     g.add_argument("--max-loras", type=int, default=1, help="LoRA adapters on the device at once (one batch)")
     g.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank accepted")
@@ -127,7 +146,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
     """EngineConfig from the flags of add_engine_args; `model_extra` sets further ModelConfig fields."""
-    from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
+    from heron.config import (
+        CacheConfig,
+        EngineConfig,
+        LoRAConfig,
+        ModelConfig,
+        ParallelConfig,
+        PoolerConfig,
+        SchedulerConfig,
+        resolve_runner,
+    )
 
     return EngineConfig(
         model=ModelConfig(
@@ -139,6 +167,8 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             load_format=args.load_format,
             quantization=args.quantization,
             generation_config=args.generation_config,
+            runner=resolve_runner(args.runner, args.task),
+            pooler_config=PoolerConfig.parse(args.pooler_config),
             **model_extra,
         ),
         cache=CacheConfig(

@@ -9,12 +9,22 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from heron.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from heron.config import (
+    CacheConfig,
+    EngineConfig,
+    LoRAConfig,
+    ModelConfig,
+    ParallelConfig,
+    PoolerConfig,
+    SchedulerConfig,
+    resolve_runner,
+)
 from heron.engine.llm_engine import LLMEngine
 from heron.inputs import PromptType, engine_prompt, prompt_list
 from heron.lora_request import LoRARequest
 from heron.models.loader import ModelSource
-from heron.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from heron.outputs import BeamSearchOutput, BeamSearchSequence, EmbeddingRequestOutput, RequestOutput
+from heron.pooling_params import PoolingParams
 from heron.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 Prompt = PromptType
@@ -53,9 +63,15 @@ class LLM:
         max_loras: int = 1,
         max_lora_rank: int = 16,
         max_cpu_loras: int | None = None,
+        runner: str = "auto",
+        task: str | None = None,
+        pooler_config: PoolerConfig | dict | None = None,
+        override_pooler_config: PoolerConfig | dict | None = None,
     ) -> None:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
-        every architecture it supports, never code from the model's folder."""
+        every architecture it supports, never code from the model's folder. `runner="pooling"` (or vLLM's
+        older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
+        (`override_pooler_config`: its older name)."""
         del trust_remote_code
         config = EngineConfig(
             model=ModelConfig(
@@ -67,6 +83,8 @@ class LLM:
                 chat_template=chat_template,
                 load_format=load_format,
                 quantization=quantization,
+                runner=resolve_runner(runner, task),
+                pooler_config=PoolerConfig.parse(pooler_config or override_pooler_config),
             ),
             cache=CacheConfig(
                 block_size=block_size,
@@ -210,6 +228,40 @@ class LLM:
                 self.engine.add_request(
                     ids[-1], prompt, p, priority=prio, add_special_tokens=add_special_tokens, lora_request=lora
                 )
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        pooling_params: PoolingParams | Seq[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in input order (a pooling model: runner="pooling"); each output's
+        `outputs.embedding` is a list of floats, as vLLM's. `truncate_prompt_tokens` applies to every prompt
+        whose PoolingParams leave it unset."""
+        if self.engine.pooler_config is None:
+            raise ValueError("LLM.embed needs a pooling model: LLM(model, runner='pooling') (or task='embed').")
+        prompts = [engine_prompt(p) for p in prompt_list(prompts)]
+        params = _per_prompt(
+            list(pooling_params) if isinstance(pooling_params, Seq) else pooling_params or PoolingParams(),
+            len(prompts),
+            "pooling_params",
+        )
+        if truncate_prompt_tokens is not None:
+            params = [
+                p if p.truncate_prompt_tokens else replace(p, truncate_prompt_tokens=truncate_prompt_tokens)
+                for p in params
+            ]
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(str(next(self._ids)))
+                self.engine.add_request(ids[-1], prompt, pooling_params=p)
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)

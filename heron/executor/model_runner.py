@@ -26,6 +26,7 @@ from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.inflight import InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.lora_manager import LoRAManager
+from heron.executor.pooler import PooledStep, Pooler
 from heron.executor.sampler import Sampler, SamplingTensors, gather_logprobs
 from heron.executor.step_layout import Tokens, host_input_ids, prompt_logprob_rows, sampling_rows, token_layout
 from heron.kernels.gemm.plans import MatmulPlans, use_plans
@@ -98,6 +99,8 @@ class ModelRunner:
         self.graph_keys = GraphKeys([], [])  # the captured graphs' keys (none until capture_cuda_graphs)
         self._graph_logits: torch.Tensor | None = None  # [largest decode graph, vocab] float32: their LM head
         self.step_sender: StepSender | None = None  # tensor parallelism, rank 0: hands each step to the others
+        pooling = config.model.runner == "pooling"  # (the engine has resolved its pooler config)
+        self.pooler = Pooler(config.model.pooler_config.pooling_type) if pooling else None
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
         start = time.perf_counter()
@@ -286,6 +289,8 @@ class ModelRunner:
         [largest decode batch, vocab] float32 in all."""
         if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_cuda_graphs:
             return
+        if self.pooler is not None:  # prefill only: the graphs are mostly decode's, and the pooler reads all rows
+            return
         start = time.perf_counter()
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
@@ -378,6 +383,17 @@ class ModelRunner:
             self._tokens_host.reverse()
             tokens_host = self._tokens_host[0][:num_sample]
         return InflightStep(len(batch), inputs, out, prompt_lp, tokens_host)
+
+    @torch.inference_mode()
+    def execute_pooling(self, batch: ScheduledBatch) -> PooledStep:
+        """A pooling model's step: the model over the batch's prompt tokens (eagerly), then the pooler over
+        the final hidden states; no logits, no sampling. Returns at once on a GPU."""
+        self.move_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
+        self.buffers.flip()
+        inputs = self._prepare(batch)
+        d = inputs.arrays.dev
+        hidden = self.model(d.input_ids, d.positions, inputs.meta)
+        return self.pooler(hidden, batch, inputs.arrays.np.query_start_loc[: len(batch) + 1].tolist())
 
     def run_forward(
         self, arrays: StepArrays, graph: GraphKey | None, meta: AttentionMetadata, logits_rows: torch.Tensor | int

@@ -58,5 +58,7 @@ def run_scripted_core(config, commands: Connection, events: Connection, *_) -> N
                 done = script == STREAM and i == count - 1
                 now = time.time()
                 c = (0, "x", [TOKEN], None, None, "length" if done else None, None)  # CompletionDelta's items
-                delta = RequestDelta((rid, done, (now, now, now, now, now if done else None), [c], i == 0, None, 0))
+                delta = RequestDelta(
+                    (rid, done, (now, now, now, now, now if done else None), [c], i == 0, None, 0, None)
+                )
                 events.send(StepOutputs([delta], EngineStats()))

@@ -75,7 +75,7 @@ def test_assembled_deltas_equal_the_engines_outputs(embedded_llm, prompt_kind):
 
 def _delta(finished: bool, completions: list[tuple], first: bool = False) -> RequestDelta:
     times = (1.0, 2.0, 3.0, 4.0, 5.0 if finished else None)
-    return RequestDelta(("r", finished, times, completions, first, None, 3 if first else 0))
+    return RequestDelta(("r", finished, times, completions, first, None, 3 if first else 0, None))
 
 
 def test_delta_outputs_merge_what_arrived_since_the_last_read():

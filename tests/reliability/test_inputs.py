@@ -72,6 +72,7 @@ CROSS_FIELD = re.compile(
             r"is not supported yet on /v1/responses",
             r"use_beam_search does not support",
             r"is not supported by run-batch yet",
+            r"The model does not support the Embeddings API",  # (this server generates: --runner pooling embeds)
         ]
     )
 )

@@ -57,10 +57,12 @@ from heron.entrypoints.openai.protocol import (
     VersionResponse,
     request_fields,
 )
+from heron.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from heron.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from heron.entrypoints.openai.server_config import api_keys, engine_cpu_threads, serve_engine_config
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from heron.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from heron.entrypoints.openai.serving_engine import ClientDisconnected
 from heron.entrypoints.openai.serving_responses import OpenAIServingResponses
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -90,6 +92,7 @@ class ServerState:
     chat: OpenAIServingChat | None = None
     tokenization: OpenAIServingTokenization | None = None
     responses: OpenAIServingResponses | None = None
+    embedding: OpenAIServingEmbedding | None = None
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -110,6 +113,7 @@ class ServerState:
         self.chat = OpenAIServingChat(**common, tool_call_parser=auto_tools)
         self.tokenization = OpenAIServingTokenization(**common)
         self.responses = OpenAIServingResponses(**common)
+        self.embedding = OpenAIServingEmbedding(**common)
         self.engine = engine
         loop = asyncio.get_running_loop()
         engine.on_dead(lambda error: loop.call_soon_threadsafe(self._engine_died, error))
@@ -151,6 +155,20 @@ def _ready(raw: Request) -> ServerState:
         )
     if s.engine.dead is not None:
         raise api_error(EngineDeadError(f"the engine has stopped: {s.engine.dead!r}"))
+    return s
+
+
+def _serving(raw: Request, api: str, runner: str = "generate") -> ServerState:
+    """The state, once the model is loaded, if the engine's runner serves `api`; else a 400 that says which
+    runner does (as vLLM answers an endpoint its model does not support)."""
+    s = _ready(raw)
+    if s.engine.info.runner != runner:
+        how = (
+            "for embeddings (--runner pooling): POST /v1/embeddings, or serve it without --runner pooling to generate"
+            if runner == "generate"
+            else "for generation: serve it with --runner pooling for embeddings"
+        )
+        raise ApiError(400, f"The model does not support the {api}: this server runs it {how}.", param="model")
     return s
 
 
@@ -207,19 +225,25 @@ _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
 async def create_completion(body: CompletionRequest, raw: Request):
     """OpenAI's completions; with `stream`, server-sent events of the same objects."""
-    return await _ready(raw).completion.create(body, raw)
+    return await _serving(raw, "Completions API").completion.create(body, raw)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
     """OpenAI's chat completions; with `stream`, server-sent events of chat.completion.chunk objects."""
-    return await _ready(raw).chat.create(body, raw)
+    return await _serving(raw, "Chat Completions API").chat.create(body, raw)
 
 
 @router.post("/v1/responses", response_model=ResponseObject, responses=_ERRORS)
 async def create_response(body: ResponsesRequest, raw: Request):
     """OpenAI's Responses API (text in, text out, nothing stored); with `stream`, its typed events."""
-    return await _ready(raw).responses.create(body, raw)
+    return await _serving(raw, "Responses API").responses.create(body, raw)
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=_ERRORS)
+async def create_embedding(body: EmbeddingRequest, raw: Request) -> EmbeddingResponse:
+    """OpenAI's embeddings, on a server started with --runner pooling."""
+    return await _serving(raw, "Embeddings API", runner="pooling").embedding.create(body, raw)
 
 
 @router.post("/tokenize", responses=_ERRORS)

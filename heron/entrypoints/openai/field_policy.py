@@ -37,7 +37,12 @@ NOT_SUPPORTED: dict[str, str] = {
     "allowed_token_ids": "not supported: use logit_bias",
     "bad_words": "not supported: use logit_bias",
     "spaces_between_special_tokens": "not supported: special tokens are decoded as the tokenizer joins them",
-    "truncate_prompt_tokens": "not supported: a prompt longer than max_model_len is a 400, never cut",
+    # (/v1/embeddings declares it: this reason is the generation endpoints'.)
+    "truncate_prompt_tokens": "not supported for generation: a prompt longer than max_model_len is a 400, never cut "
+    "(/v1/embeddings takes it)",
+    # /v1/embeddings' (vLLM's extras).
+    "embed_dtype": "not supported: embeddings are float32",
+    "endianness": "not supported: base64 embeddings are little-endian float32, as OpenAI's",
     "logits_processors": "not supported: the server runs no user code",
     "return_tokens_as_token_ids": "not supported",
     "return_token_ids": "not supported: use /tokenize",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openai.types import completion_create_params
+from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
@@ -19,9 +19,10 @@ from heron.entrypoints.openai.protocol import (
     IgnoredFields,
     request_fields,
 )
+from heron.entrypoints.openai.protocol_embeddings import EmbeddingRequest
 from heron.entrypoints.openai.protocol_responses import ResponsesRequest
 from tests.entrypoints.openai.remote_server import API_KEY, MODEL
-from tests.entrypoints.openai.vllm_fields import CHAT_EXTRA, COMPLETION_EXTRA
+from tests.entrypoints.openai.vllm_fields import CHAT_EXTRA, COMPLETION_EXTRA, EMBEDDING_EXTRA
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,12 @@ SCHEMAS = {
         ResponsesRequest,
         {"model": MODEL, "input": "Hi", "max_output_tokens": 1},
         set(typing.get_type_hints(response_create_params.ResponseCreateParamsBase)),
+    ),
+    # (refused as a body before any route: the walk needs no pooling server)
+    "/v1/embeddings": (
+        EmbeddingRequest,
+        {"model": MODEL, "input": "Hi"},
+        set(typing.get_type_hints(embedding_create_params.EmbeddingCreateParams)) | set(EMBEDDING_EXTRA),
     ),
 }
 
@@ -73,8 +80,11 @@ def test_the_ignored_fields_are_documented():
 
 def test_refusal_table_holds_only_undeclared_fields():
     # A field leaves NOT_SUPPORTED when a request model declares it (at the merge of the branch that
-    # implements it); both at once would make its refusal dead text.
-    assert not set(NOT_SUPPORTED) & request_fields()
+    # implements it); both at once would make its refusal dead text. truncate_prompt_tokens is the one field
+    # declared by /v1/embeddings whose refusal the generation endpoints still give.
+    assert set(NOT_SUPPORTED) & request_fields() == {"truncate_prompt_tokens"}
+    assert "truncate_prompt_tokens" in EmbeddingRequest.model_fields
+    assert "truncate_prompt_tokens" not in set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
 
 
 def test_unknown_fields_nulls_and_ignored_ones(server):

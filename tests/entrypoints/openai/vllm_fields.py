@@ -51,3 +51,14 @@ CHAT_EXTRA = SAMPLING_EXTRA + [
 ]
 
 COMPLETION_EXTRA = SAMPLING_EXTRA + ["add_special_tokens", "prompt_embeds"]
+
+# EmbeddingCompletionRequest's (vllm/entrypoints/pooling: the pooling mixins' fields and EmbedRequestMixin's).
+EMBEDDING_EXTRA = [
+    "truncate_prompt_tokens",
+    "add_special_tokens",
+    "priority",
+    "request_id",
+    "normalize",
+    "embed_dtype",
+    "endianness",
+]
