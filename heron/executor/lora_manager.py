@@ -48,6 +48,10 @@ class LoRAManager:
         self.cpu_cache.move_to_end(lora.lora_int_id)
         return adapter
 
+    def remove(self, lora_int_id: int) -> bool:
+        """Forget an adapter read earlier (a server unloading it); False if it was not held."""
+        return self.cpu_cache.pop(lora_int_id, None) is not None
+
     def load(self, slot: int, lora: LoRARequest) -> None:
         """Put `lora` into device slot `slot` (every projection: zero where the adapter has no matrix)."""
         adapter = self.get(lora)

@@ -192,3 +192,20 @@ def test_embedded_model_adapter_matches_peft(tmp_path):
     llm = LLM(kv_cache_memory=64 << 20, max_model_len=256, enable_lora=True, max_lora_rank=8)
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora))
     assert got == peft_greedy(base, lora.lora_path, llm.get_tokenizer())
+
+
+def test_stats_name_the_adapters_running_and_waiting(llm, llama):
+    """What the server's lora_requests_info shows: three adapters through two slots, one waits."""
+    _, loras, _ = llama
+    engine = llm.engine
+    for i, lora in enumerate(loras[:3]):
+        engine.add_request(f"stats-{i}", PROMPTS[0], SamplingParams(max_tokens=4), lora_request=lora)
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == ([], ["a1", "a2", "a3"])
+    engine.step()
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == (["a1", "a2"], ["a3"])
+    for i in range(3):
+        engine.abort(f"stats-{i}")
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == ([], [])
