@@ -1,0 +1,198 @@
+"""Gathered multi-LoRA: y += (x A[s]^T) B[s] for every token of a batch, each token with its own adapter slot s
+(-1: none), in two launches per projection (shrink, then expand-and-add) whatever the mix of adapters: Punica's
+BGMV/SGMV as vLLM's Triton LoRA kernels do it.
+
+Layout (heron/layers/lora.py's LoRAStack): A [S, P*R, in] and B [S, P*R, out] (transposed, scaled), B
+block-diagonal over the P parts of a fused projection: part p's R rank rows feed only its output columns.
+The step's tokens come grouped by slot (heron/layers/lora.py's `LoRAMapping`, filled on the host with the
+step's other inputs): `sorted_tokens` lists the adapted rows slot by slot, `slot_start[s]:slot_start[s + 1]` is
+slot s's run.
+
+- shrink, program (m, j, s): tokens [m * BLOCK_M, +BLOCK_M) of slot s's run, gathered, times rank rows
+  [j * BLOCK_R, +BLOCK_R) of A[s], over `in` in BLOCK_K tiles with tl.dot -> a float32 [T, P*R] buffer.
+- expand, program (m, i, s): the same tokens' shrunk rows times B[s]'s columns [i * BLOCK_N, +BLOCK_N), reading
+  only the rank rows of the parts those columns belong to, added to y (rounded once) in place.
+
+So an adapter's matrices are read once per BLOCK_M of its tokens, not once per token (BGMV) nor once per slot
+for every token (the dense product over all slots, `lora_ref`, which the CPU runs). Programs whose slot has no
+tokens there return at once. The grid, (ceil(T / BLOCK_M), tiles, S), depends only on shapes and the slots'
+runs are read on the device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no
+run). Each token is in one run, so no two programs write one element of y.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.common import dot_upcast
+
+BLOCK_M = 16
+BLOCK_R = 16
+BLOCK_K = 128
+BLOCK_N = 128
+MAX_PARTS = 3  # q/k/v
+
+
+@triton.jit
+def _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M: tl.constexpr):
+    """Tokens [m * BLOCK_M, +BLOCK_M) of slot `slot`'s run: their rows, which are real, whether any is."""
+    start = tl.load(start_ptr + slot)
+    count = tl.load(start_ptr + slot + 1) - start
+    idx = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = idx < count
+    rows = tl.load(sorted_ptr + start + idx, mask=ok, other=0).to(tl.int64)
+    return rows, ok, m * BLOCK_M < count
+
+
+@triton.jit
+def _shrink_kernel(
+    x_ptr,
+    a_ptr,
+    sorted_ptr,
+    start_ptr,
+    out_ptr,
+    K,
+    R2,
+    stride_x,
+    stride_as,
+    stride_ar,
+    stride_o,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    m, j, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
+    if any_tokens:
+        ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
+        rank_ok = ranks < R2
+        a_rows = a_ptr + slot.to(tl.int64) * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = tl.load(
+                x_ptr + tokens[:, None] * stride_x + ks[None, :], mask=tok_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
+            if UPCAST:
+                x, a = x.to(tl.float32), a.to(tl.float32)
+            acc = tl.dot(x, a, acc)
+        tl.store(out_ptr + tokens[:, None] * stride_o + ranks[None, :], acc, mask=tok_ok[:, None] & rank_ok[None, :])
+
+
+@triton.jit
+def _expand_add_kernel(
+    y_ptr,
+    shrunk_ptr,
+    b_ptr,
+    sorted_ptr,
+    start_ptr,
+    N,
+    OFF1,
+    OFF2,
+    MAX_RANK,
+    stride_y,
+    stride_s,
+    stride_bs,
+    stride_br,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    m, i, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
+    if any_tokens:
+        cols = i * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        # the parts of this column tile: B's other rank rows are zero here (block-diagonal), so are skipped
+        first, last = i * BLOCK_N, tl.minimum(i * BLOCK_N + BLOCK_N, N) - 1
+        part_lo = (first >= OFF1).to(tl.int32) + (first >= OFF2).to(tl.int32)
+        part_hi = (last >= OFF1).to(tl.int32) + (last >= OFF2).to(tl.int32)
+        r_end = (part_hi + 1) * MAX_RANK
+        b_cols = b_ptr + slot.to(tl.int64) * stride_bs + cols[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(part_lo * MAX_RANK, r_end, BLOCK_R):
+            ranks = r0 + tl.arange(0, BLOCK_R)
+            rank_ok = ranks < r_end
+            s = tl.load(
+                shrunk_ptr + tokens[:, None] * stride_s + ranks[None, :],
+                mask=tok_ok[:, None] & rank_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
+            )
+            if UPCAST:
+                b = b.to(tl.float32)
+            else:
+                s = s.to(b.dtype)  # tensor cores take both operands in the model's dtype
+            acc = tl.dot(s, b, acc)
+        y_ptrs = y_ptr + tokens[:, None] * stride_y + cols[None, :]
+        mask = tok_ok[:, None] & col_ok[None, :]
+        y = tl.load(y_ptrs, mask=mask, other=0.0)
+        tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+
+
+def lora_add_(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    sorted_tokens: torch.Tensor,
+    slot_start: torch.Tensor,
+    output_sizes: list[int],
+    max_rank: int,
+) -> torch.Tensor:
+    """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `sorted_tokens`, `slot_start`:
+    the step's rows grouped by slot (see above); `output_sizes`: the parts of a fused projection, each fed by
+    `max_rank` rows of B."""
+    num_slots, r2, k = lora_a.shape
+    t, n = y.shape
+    assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
+    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
+    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    shrunk = torch.empty(t, r2, dtype=torch.float32, device=x.device)
+    upcast = dot_upcast()
+    m_tiles = triton.cdiv(t, BLOCK_M)
+    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R), num_slots)](
+        x,
+        lora_a,
+        sorted_tokens,
+        slot_start,
+        shrunk,
+        k,
+        r2,
+        x.stride(0),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        shrunk.stride(0),
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_K=BLOCK_K,
+        UPCAST=upcast,
+    )
+    _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N), num_slots)](
+        y,
+        shrunk,
+        lora_b,
+        sorted_tokens,
+        slot_start,
+        n,
+        offsets[0],
+        offsets[1],
+        max_rank,
+        y.stride(0),
+        shrunk.stride(0),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_N=BLOCK_N,
+        UPCAST=upcast,
+    )
+    return y
