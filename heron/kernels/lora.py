@@ -63,6 +63,7 @@ def _shrink_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     m, j, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
@@ -80,7 +81,7 @@ def _shrink_kernel(
             a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             if UPCAST:
                 x, a = x.to(tl.float32), a.to(tl.float32)
-            acc = tl.dot(x, a, acc)
+            acc = tl.dot(x, a, acc, input_precision=PRECISION)
         tl.store(out_ptr + tokens[:, None] * stride_o + ranks[None, :], acc, mask=tok_ok[:, None] & rank_ok[None, :])
 
 
@@ -103,6 +104,7 @@ def _expand_add_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     m, i, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
@@ -131,7 +133,7 @@ def _expand_add_kernel(
                 b = b.to(tl.float32)
             else:
                 s = s.to(b.dtype)  # tensor cores take both operands in the model's dtype
-            acc = tl.dot(s, b, acc)
+            acc = tl.dot(s, b, acc, input_precision=PRECISION)
         y_ptrs = y_ptr + tokens[:, None] * stride_y + cols[None, :]
         mask = tok_ok[:, None] & col_ok[None, :]
         y = tl.load(y_ptrs, mask=mask, other=0.0)
@@ -158,6 +160,7 @@ def lora_add_(
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
     shrunk = torch.empty(t, r2, dtype=torch.float32, device=x.device)
     upcast = dot_upcast()
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
     m_tiles = triton.cdiv(t, BLOCK_M)
     _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R), num_slots)](
         x,
@@ -175,6 +178,7 @@ def lora_add_(
         BLOCK_R=BLOCK_R,
         BLOCK_K=BLOCK_K,
         UPCAST=upcast,
+        PRECISION=precision,
     )
     _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N), num_slots)](
         y,
@@ -194,5 +198,6 @@ def lora_add_(
         BLOCK_R=BLOCK_R,
         BLOCK_N=BLOCK_N,
         UPCAST=upcast,
+        PRECISION=precision,
     )
     return y
