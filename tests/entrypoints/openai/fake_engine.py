@@ -113,6 +113,9 @@ class FakeEngine:
         finally:
             stream.close()
 
+    async def add_lora(self, lora_request) -> None:
+        raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: the stand-in engine reads no adapters.")
+
     def abort_all(self, message: str) -> None:
         for stream in self.streams:
             if not stream.aborted.done():

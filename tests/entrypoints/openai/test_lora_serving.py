@@ -7,10 +7,12 @@ adapters. (The adapters themselves against transformers + peft: tests/entrypoint
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from heron import LLM, LoRARequest, SamplingParams
 from tests.entrypoints.openai.fake_engine import build_app, serve_in_thread, waits_for_release
@@ -169,3 +171,12 @@ def test_runtime_updating_is_off_without_the_flag(monkeypatch):
         r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/a"})
         assert r.status_code == 404 and "--allow-runtime-lora-updating" in r.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 404
+
+
+def test_a_bad_lora_module_stops_the_server_with_its_reason(monkeypatch, caplog):
+    app, exits = build_app(monkeypatch, waits_for_release, "--enable-lora", "--lora-modules", "bad=/nowhere")
+    with TestClient(app):
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert exits == [1] and "--lora-modules: Failed to load LoRA adapter 'bad'" in caplog.text
