@@ -8,16 +8,19 @@ The step's tokens come grouped by slot (heron/layers/lora.py's `LoRAMapping`, fi
 step's other inputs): `sorted_tokens` lists the adapted rows slot by slot, `slot_start[s]:slot_start[s + 1]` is
 slot s's run.
 
-- shrink, program (m, j, s): tokens [m * BLOCK_M, +BLOCK_M) of slot s's run, gathered, times rank rows
-  [j * BLOCK_R, +BLOCK_R) of A[s], over `in` in BLOCK_K tiles with tl.dot -> a float32 [T, P*R] buffer.
-- expand, program (m, i, s): the same tokens' shrunk rows times B[s]'s columns [i * BLOCK_N, +BLOCK_N), reading
-  only the rank rows of the parts those columns belong to, added to y (rounded once) in place.
+- shrink, program (m, j): the m-th BLOCK_M of the adapted rows in slot order, gathered, times rank rows
+  [j * BLOCK_R, +BLOCK_R) of their adapter's A, over `in` in BLOCK_K tiles with tl.dot -> a float32 [T, P*R]
+  buffer. A tile that crosses from one slot's run into the next takes one pass per slot, the other rows masked
+  to zero (one accumulator).
+- expand, program (m, i): the same rows' shrunk values times their adapter's B, columns [i * BLOCK_N, +BLOCK_N),
+  reading only the rank rows of the parts those columns belong to, added to y (rounded once) in place.
 
 So an adapter's matrices are read once per BLOCK_M of its tokens, not once per token (BGMV) nor once per slot
-for every token (the dense product over all slots, `lora_ref`, which the CPU runs). Programs whose slot has no
-tokens there return at once. The grid, (ceil(T / BLOCK_M), tiles, S), depends only on shapes and the slots'
-runs are read on the device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no
-run). Each token is in one run, so no two programs write one element of y.
+for every token (the dense product over all slots, `lora_ref`, which the CPU runs), and the grid,
+(ceil(T / BLOCK_M), tiles), has no slot axis of programs with nothing to do: only the tiles past the adapted
+rows (a batch's base-model tokens) return at once. It depends only on shapes, and the runs are read on the
+device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no run). Each row is in
+one tile, so no two programs write one element of y.
 """
 
 from __future__ import annotations
@@ -36,20 +39,22 @@ MAX_PARTS = 3  # q/k/v
 
 
 @triton.jit
-def _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M: tl.constexpr):
-    """Tokens [m * BLOCK_M, +BLOCK_M) of slot `slot`'s run: their rows, which are real, whether any is."""
-    start = tl.load(start_ptr + slot)
-    count = tl.load(start_ptr + slot + 1) - start
+def _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tile m of the adapted rows in slot order: the rows, which are real, each one's slot, and the range of
+    slots the tile spans (empty for a tile past the adapted rows)."""
     idx = m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ok = idx < count
-    rows = tl.load(sorted_ptr + start + idx, mask=ok, other=0).to(tl.int64)
-    return rows, ok, m * BLOCK_M < count
+    ok = idx < tl.load(start_ptr + NUM_SLOTS)
+    rows = tl.load(sorted_ptr + idx, mask=ok, other=0)
+    slots = tl.load(slots_ptr + rows, mask=ok, other=-1)
+    first, last = tl.min(tl.where(ok, slots, NUM_SLOTS)), tl.max(slots)
+    return rows.to(tl.int64), ok, slots, first, last
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr,
     a_ptr,
+    slots_ptr,
     sorted_ptr,
     start_ptr,
     out_ptr,
@@ -59,30 +64,30 @@ def _shrink_kernel(
     stride_as,
     stride_ar,
     stride_o,
+    NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    m, j, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
-    if any_tokens:
-        ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
-        rank_ok = ranks < R2
-        a_rows = a_ptr + slot.to(tl.int64) * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    m, j = tl.program_id(0), tl.program_id(1)
+    rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
+    rank_ok = ranks < R2
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for slot in range(first, last + 1):  # one slot, or a few where the tile crosses runs
+        mine = ok & (slots == slot)  # the other rows load as zero: one accumulator for all
+        a_rows = a_ptr + slot * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            x = tl.load(
-                x_ptr + tokens[:, None] * stride_x + ks[None, :], mask=tok_ok[:, None] & k_ok[None, :], other=0.0
-            )
+            x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             if UPCAST:
                 x, a = x.to(tl.float32), a.to(tl.float32)
             acc = tl.dot(x, a, acc, input_precision=PRECISION)
-        tl.store(out_ptr + tokens[:, None] * stride_o + ranks[None, :], acc, mask=tok_ok[:, None] & rank_ok[None, :])
+    tl.store(out_ptr + rows[:, None] * stride_o + ranks[None, :], acc, mask=ok[:, None] & rank_ok[None, :])
 
 
 @triton.jit
@@ -90,6 +95,7 @@ def _expand_add_kernel(
     y_ptr,
     shrunk_ptr,
     b_ptr,
+    slots_ptr,
     sorted_ptr,
     start_ptr,
     N,
@@ -100,31 +106,31 @@ def _expand_add_kernel(
     stride_s,
     stride_bs,
     stride_br,
+    NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    m, i, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    tokens, tok_ok, any_tokens = _run_tokens(sorted_ptr, start_ptr, slot, m, BLOCK_M)
-    if any_tokens:
-        cols = i * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        # the parts of this column tile: B's other rank rows are zero here (block-diagonal), so are skipped
-        first, last = i * BLOCK_N, tl.minimum(i * BLOCK_N + BLOCK_N, N) - 1
-        part_lo = (first >= OFF1).to(tl.int32) + (first >= OFF2).to(tl.int32)
-        part_hi = (last >= OFF1).to(tl.int32) + (last >= OFF2).to(tl.int32)
-        r_end = (part_hi + 1) * MAX_RANK
-        b_cols = b_ptr + slot.to(tl.int64) * stride_bs + cols[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    m, i = tl.program_id(0), tl.program_id(1)
+    rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    cols = i * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    # the parts of this column tile: B's other rank rows are zero here (block-diagonal), so are skipped
+    col_first, col_last = i * BLOCK_N, tl.minimum(i * BLOCK_N + BLOCK_N, N) - 1
+    part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
+    part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
+    r_end = (part_hi + 1) * MAX_RANK
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for slot in range(first, last + 1):
+        mine = ok & (slots == slot)
+        b_cols = b_ptr + slot * stride_bs + cols[None, :]
         for r0 in range(part_lo * MAX_RANK, r_end, BLOCK_R):
             ranks = r0 + tl.arange(0, BLOCK_R)
             rank_ok = ranks < r_end
             s = tl.load(
-                shrunk_ptr + tokens[:, None] * stride_s + ranks[None, :],
-                mask=tok_ok[:, None] & rank_ok[None, :],
-                other=0.0,
+                shrunk_ptr + rows[:, None] * stride_s + ranks[None, :], mask=mine[:, None] & rank_ok[None, :], other=0.0
             )
             b = tl.load(
                 b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
@@ -134,10 +140,10 @@ def _expand_add_kernel(
             else:
                 s = s.to(b.dtype)  # tensor cores take both operands in the model's dtype
             acc = tl.dot(s, b, acc, input_precision=PRECISION)
-        y_ptrs = y_ptr + tokens[:, None] * stride_y + cols[None, :]
-        mask = tok_ok[:, None] & col_ok[None, :]
-        y = tl.load(y_ptrs, mask=mask, other=0.0)
-        tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+    y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    mask = ok[:, None] & col_ok[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
 def lora_add_(
@@ -145,14 +151,15 @@ def lora_add_(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
     sorted_tokens: torch.Tensor,
     slot_start: torch.Tensor,
     output_sizes: list[int],
     max_rank: int,
 ) -> torch.Tensor:
-    """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `sorted_tokens`, `slot_start`:
-    the step's rows grouped by slot (see above); `output_sizes`: the parts of a fused projection, each fed by
-    `max_rank` rows of B."""
+    """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `token_slots`: each row's slot;
+    `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the parts of a
+    fused projection, each fed by `max_rank` rows of B."""
     num_slots, r2, k = lora_a.shape
     t, n = y.shape
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
@@ -162,9 +169,10 @@ def lora_add_(
     upcast = dot_upcast()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
     m_tiles = triton.cdiv(t, BLOCK_M)
-    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R), num_slots)](
+    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R))](
         x,
         lora_a,
+        token_slots,
         sorted_tokens,
         slot_start,
         shrunk,
@@ -174,16 +182,18 @@ def lora_add_(
         lora_a.stride(0),
         lora_a.stride(1),
         shrunk.stride(0),
+        NUM_SLOTS=num_slots,
         BLOCK_M=BLOCK_M,
         BLOCK_R=BLOCK_R,
         BLOCK_K=BLOCK_K,
         UPCAST=upcast,
         PRECISION=precision,
     )
-    _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N), num_slots)](
+    _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N))](
         y,
         shrunk,
         lora_b,
+        token_slots,
         sorted_tokens,
         slot_start,
         n,
@@ -194,6 +204,7 @@ def lora_add_(
         shrunk.stride(0),
         lora_b.stride(0),
         lora_b.stride(1),
+        NUM_SLOTS=num_slots,
         BLOCK_M=BLOCK_M,
         BLOCK_R=BLOCK_R,
         BLOCK_N=BLOCK_N,

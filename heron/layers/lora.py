@@ -70,7 +70,15 @@ class LoRAStack(DeviceOps):
         if self._add is None:
             return y.add_(lora_ref(x, self.lora_a, self.lora_b, m.token_slots))
         return self._add(
-            y, x, self.lora_a, self.lora_b, m.sorted_tokens, m.slot_start, self.output_sizes, self.max_rank
+            y,
+            x,
+            self.lora_a,
+            self.lora_b,
+            m.token_slots,
+            m.sorted_tokens,
+            m.slot_start,
+            self.output_sizes,
+            self.max_rank,
         )
 
 

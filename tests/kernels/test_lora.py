@@ -41,6 +41,7 @@ CASES = [
     ([1, 0] * 9, 64, [136, 136], 8, [8, 8]),
     ([-1, -1, -1], 32, [32], 16, [16]),
     ([3], 32, [72, 8, 8], 16, [9, 16, 1, 16]),
+    ([0, 1, 2, 3, 4, 5, 6, 7] * 3 + [-1] * 4, 40, [24, 16, 16], 4, [1, 2, 3, 4, 4, 3, 2, 1]),  # tiles across runs
 ]
 
 
@@ -60,7 +61,7 @@ def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, m
     want = y.float() + lora_ref(x.float(), a.float(), b.float(), token_slots)
     order, starts = group_by_slot(np.array(slots), len(ranks))
     sorted_tokens = torch.from_numpy(np.concatenate([order, [-7] * 5]))  # past the runs: never read
-    args = [t.to(DEVICE) for t in (y, x, a, b, sorted_tokens, torch.from_numpy(starts))]
+    args = [t.to(DEVICE) for t in (y, x, a, b, token_slots, sorted_tokens, torch.from_numpy(starts))]
     got = lora_add_(*args, out_sizes, max_rank)
     assert got.data_ptr() == args[0].data_ptr()  # in place
     assert rel_err(got.cpu(), want) < TOL[dtype]
