@@ -67,7 +67,13 @@ for s in $SECTIONS; do case $s in
         tests/entrypoints/test_llm_lora.py -k "gathered or kernel or delta or wrappers"
     run lora-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
         --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit \
-        --save-result --result-name lora-qwen3-8b ;;
+        --save-result --result-name lora-qwen3-8b
+    # batch-1 decode with one adapter against the base model (issue 25: <= 15% more ms/token)
+    run latency-qwen3-8b heron bench latency --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
+        --save-result --result-name latency-qwen3-8b-bs1
+    run latency-lora-qwen3-8b heron bench latency --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --max-model-len 4096 --enable-lora --max-lora-rank 16 --lora-adapter /tmp/loras-qwen3-8b/lora0 \
+        --save-result --result-name latency-lora-qwen3-8b-bs1 ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-many) run profile-many python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b many ;;  # issue 23
   gpu-monitor)  # issue 28: the offline 0.6B workload with what the GPU did beside it (NVML, nvidia-ml-py)

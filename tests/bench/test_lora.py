@@ -1,5 +1,5 @@
-"""`heron bench throughput --lora-adapters` end to end on the tiny random Llama, with adapters written by
-benchmarks/make_loras.py (which peft reads as its own)."""
+"""`heron bench throughput --lora-adapters` and `heron bench latency --lora-adapter` end to end on the tiny
+random Llama, with adapters written by benchmarks/make_loras.py (which peft reads as its own)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,9 @@ def test_lora_arm_against_the_base_model(tiny_model_dir, tmp_path, capsys):
     assert m["num_adapters"] == 3 and m["num_requests"] == 6
     assert m["ratio_vs_base"] == m["base_elapsed_s"] / m["elapsed_s"] > 0
     assert "ratio vs base" in capsys.readouterr().out
+
+    argv = ["bench", "latency", "--model", model, "--device", "cpu", "--kv-cache-memory-bytes", str(10 << 20)]
+    argv += ["--input-len", "8", "--output-len", "4", "--num-iters", "1", "--enable-lora", "--max-lora-rank", "4"]
+    argv += ["--lora-adapter", str(dirs[1]), "--save-result", "--results-dir", str(tmp_path), "--result-name", "lat"]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "lat.json").read_text())["metrics"]["lora_adapter"] == str(dirs[1])
