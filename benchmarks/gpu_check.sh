@@ -61,6 +61,21 @@ for s in $SECTIONS; do case $s in
         --quantization fp8 --save-result --result-name offline-qwen3-8b-fp8 --max-model-len 4096
     run latency-llama-fp8 heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --quantization fp8 --save-result --result-name latency-llama3.1-8b-fp8-bs1 --max-model-len 4096 ;;
+  lora)  # issue 25: the gathered LoRA kernel and the engine with it against peft (float32) on the GPU, then the
+    # offline Qwen3-8B workload with 8 random rank-16 adapters (every projection) assigned round robin vs the base
+    # model alone, same call (`lora-qwen3-8b`, ratio_vs_base >= 0.8); the adapters from benchmarks/make_loras.py
+    python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
+    run lora-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lora.py tests/layers/test_lora.py \
+        tests/entrypoints/test_llm_lora.py -k "gathered or kernel or delta or wrappers"
+    run lora-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
+        --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit \
+        --save-result --result-name lora-qwen3-8b
+    # batch-1 decode with one adapter against the base model (issue 25: <= 15% more ms/token)
+    run latency-qwen3-8b heron bench latency --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
+        --save-result --result-name latency-qwen3-8b-bs1
+    run latency-lora-qwen3-8b heron bench latency --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --max-model-len 4096 --enable-lora --max-lora-rank 16 --lora-adapter /tmp/loras-qwen3-8b/lora0 \
+        --save-result --result-name latency-lora-qwen3-8b-bs1 ;;
   profile) run profile python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b ;;
   profile-many) run profile-many python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b many ;;  # issue 23
   gpu-monitor)  # issue 28: the offline 0.6B workload with what the GPU did beside it (NVML, nvidia-ml-py)

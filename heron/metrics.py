@@ -61,11 +61,13 @@ class _EngineCollector(Collector):
         stats: Callable[[], EngineStats | None],
         admitted_waiting: Callable[[], int],
         cache_info: dict[str, str],
+        max_lora: int | None,
     ) -> None:
         self.model_name = model_name
         self.stats = stats
         self.admitted_waiting = admitted_waiting
         self.cache_info = cache_info
+        self.max_lora = max_lora
 
     def collect(self) -> Iterator[Metric]:
         loaded = self.stats()
@@ -122,6 +124,20 @@ class _EngineCollector(Collector):
             )
             config.add_metric(list(info.values()), 1)
             yield config
+        if self.max_lora is not None:
+            yield self._lora_info(s)
+
+    def _lora_info(self, s: EngineStats) -> Metric:
+        """vLLM's lora_requests_info, which gateways that route by adapter read: the adapters in labels
+        (comma-joined names), its value the time of the reading (a reader takes the latest sample)."""
+        info = GaugeMetricFamily(
+            "heron:lora_requests_info",
+            "Running stats on LoRA requests: the adapters with running and waiting requests, in labels.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        waiting, running = ",".join(s.waiting_lora_adapters), ",".join(s.running_lora_adapters)
+        info.add_metric([str(self.max_lora), waiting, running], time.time())
+        return info
 
 
 class _Renamed(Collector):
@@ -151,10 +167,13 @@ class ServerMetrics:
         max_model_len: int = 1 << 20,
         cache_info: dict[str, str] | None = None,
         compat: str | None = None,
+        max_lora: int | None = None,
     ) -> None:
+        """`max_lora`: the engine's LoRA slots (--max-loras) when it serves adapters, else None (no LoRA
+        metric)."""
         disable_created_metrics()  # as vLLM: no `_created` series beside every histogram (process-wide)
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(model_name, stats, admitted_waiting, cache_info or {}))
+        self.registry.register(_EngineCollector(model_name, stats, admitted_waiting, cache_info or {}, max_lora))
         for process_collector in (ProcessCollector, PlatformCollector, GCCollector):
             process_collector(registry=self.registry)
         self.exposition = CollectorRegistry(auto_describe=False)

@@ -20,3 +20,6 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    # With enable_lora: the names of the adapters with sequences running, and with sequences waiting
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)

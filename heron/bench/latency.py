@@ -39,6 +39,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--num-iters", type=int, default=3)
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are uniform in [0, this]")
+    w.add_argument(
+        "--lora-adapter",
+        default=None,
+        metavar="DIR",
+        help="run every request with this PEFT adapter (with --enable-lora): its decode overhead against a run without",
+    )
     parser.add_argument("--hf-baseline", action="store_true", help="also time transformers generate (batch 1)")
     add_result_args(parser, "[cpu-]latency-<model>-bs1; with --prefill [cpu-]prefill-<model>")
 
@@ -74,6 +80,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from heron.bench.roofline import ModelCost, copy_bandwidth
     from heron.config import resolve_device, resolve_dtype
+    from heron.lora_request import LoRARequest
     from heron.sampling_params import SamplingParams
 
     if args.output_len < 2:
@@ -90,13 +97,14 @@ def run(args: argparse.Namespace) -> dict:
         )
     ]
     llm = make_llm(args)
+    lora = None if args.lora_adapter is None else LoRARequest("adapter", 1, args.lora_adapter)
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len)
     runs = []
     monitor = maybe_monitor(args.gpu_monitor)
     with monitor or contextlib.nullcontext():
         for i, prompt in enumerate(prompts):  # the first is the warm-up
             start = time.perf_counter()
-            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            out = llm.generate([prompt], params, use_tqdm=False, lora_request=lora)[0]
             total = time.perf_counter() - start
             m = out.metrics
             assert len(out.outputs[0].token_ids) == args.output_len
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> dict:
         "output_tokens": args.output_len,
         "dtype": str(dtype).removeprefix("torch."),
         "weight_bytes": cost.step_weight_bytes(1),
+        "lora_adapter": args.lora_adapter,
     }
     rows = [
         (

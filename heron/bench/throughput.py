@@ -47,6 +47,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="every request under a JSON schema, against the same requests unconstrained (heron/bench/structured.py)",
     )
+    w.add_argument(
+        "--lora-adapters",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="PEFT adapters assigned to the requests round robin (with --enable-lora), against the same requests on "
+        "the base model alone (heron/bench/lora.py)",
+    )
     b = parser.add_argument_group("baselines")
     b.add_argument("--hf-baseline", action="store_true", help="also time transformers generate on the same requests")
     b.add_argument("--hf-batch-size", type=int, default=None, help="static batch size (default: --batch-size)")
@@ -131,6 +139,22 @@ def _run_structured(args: argparse.Namespace, llm, requests: list[BenchRequest],
     return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, None)
 
 
+def _run_lora(args: argparse.Namespace, requests: list[BenchRequest], device) -> dict:
+    from heron.bench.lora import time_both
+
+    metrics, slug = time_both(args, requests, make_llm, _sync)
+    name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}lora-{slug}"
+    m = metrics
+    rows = [
+        (f"Heron, {m['num_adapters']} adapters round robin", m["output_tokens"], m["elapsed_s"], None, None),
+        ("Heron, the base model alone", m["output_tokens"], m["base_elapsed_s"], None, m["ratio_vs_base"]),
+    ]
+    rows = [(r[0], r[1], r[2], r[1] / r[2], r[4]) for r in rows]
+    table = format_table(rows, ("run", "output tokens", "seconds", "output tokens/s", "Heron / this"))
+    header = f"{name}: {len(requests)} requests, ratio vs base {m['ratio_vs_base']:.3f}"
+    return finish(name, metrics, device, header + "\n" + table, args.save_result, args.results_dir, None)
+
+
 def run(args: argparse.Namespace) -> dict:
     import torch
 
@@ -162,6 +186,8 @@ def run(args: argparse.Namespace) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
+    if args.lora_adapters:
+        return _run_lora(args, requests, device)
     llm = make_llm(args)
     if args.structured_output:
         return _run_structured(args, llm, requests, device)

@@ -29,8 +29,10 @@ from heron.engine.engine_core import run_engine_core
 from heron.engine.messages import (
     AbortRequest,
     Added,
+    AddLoRA,
     AddRequest,
     EngineDead,
+    RemoveLoRA,
     RequestDelta,
     ServingInfo,
     Shutdown,
@@ -40,7 +42,7 @@ from heron.engine.output_assembler import OutputAssembler
 from heron.lora_request import LoRARequest
 from heron.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from heron.pooling_params import PREFILL_ONLY, PoolingParams
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import RequestOutputKind, SamplingParams
 from heron.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -244,6 +246,26 @@ class AsyncLLM:
             stream.close()
             raise
         return stream
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Have the engine read and check an adapter now (a server loading it at runtime), so that a bad one is
+        refused here rather than at its first request: raises its ValueError, or EngineDeadError."""
+        request_id = f"add-lora-{lora_request.lora_int_id}"
+        # The engine answers as it answers a request; a stream with no outputs receives that answer.
+        stream = RequestStream(self, request_id, OutputAssembler(request_id, None, [], RequestOutputKind.DELTA))
+        self._streams[request_id] = stream
+        if self.dead is not None:
+            self._unregister(stream)
+            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+        self._outbox.put(AddLoRA(request_id, lora_request))
+        try:
+            await stream.accepted()
+        finally:
+            self._unregister(stream)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Drop an adapter from the engine's host cache (requests already queued with it still run)."""
+        self._outbox.put(RemoveLoRA(lora_int_id))
 
     async def generate(
         self,

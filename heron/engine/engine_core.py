@@ -14,9 +14,11 @@ from heron.config import EngineConfig
 from heron.engine.messages import (
     AbortRequest,
     Added,
+    AddLoRA,
     AddRequest,
     EngineDead,
     Ready,
+    RemoveLoRA,
     RequestDelta,
     ServingInfo,
     Shutdown,
@@ -83,7 +85,12 @@ def _serve(engine, commands: Connection, events: Connection) -> None:
                 if not engine.has_unfinished():  # the stats the API process shows must see the freed blocks
                     events.send(StepOutputs([], engine.get_stats()))
                 continue
-            events.send(Added(msg.request_id, _add(engine, msg)))
+            if isinstance(msg, RemoveLoRA):
+                engine.remove_lora(msg.lora_int_id)
+                continue
+            events.send(
+                Added(msg.request_id, _add_lora(engine, msg) if isinstance(msg, AddLoRA) else _add(engine, msg))
+            )
         if engine.has_unfinished():
             out = engine.output_processor
             events.send(StepOutputs([request_delta(r, out) for r in engine.advance()], engine.get_stats()))
@@ -105,6 +112,14 @@ def _add(engine, msg: AddRequest) -> tuple[str, str] | None:
             pooling_params=msg.pooling_params,
         )
     except Exception as e:  # noqa: BLE001 - the caller gets it as the answer to its request
+        return type(e).__name__, str(e)
+    return None
+
+
+def _add_lora(engine, msg: AddLoRA) -> tuple[str, str] | None:
+    try:
+        engine.add_lora(msg.lora_request)
+    except Exception as e:  # noqa: BLE001 - the caller gets it: a bad adapter (ValueError), or no enable_lora
         return type(e).__name__, str(e)
     return None
 

@@ -181,9 +181,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
         if lora_request is not None:
-            if self.runner.lora is None:
-                raise ValueError("lora_request needs an engine started with enable_lora=True.")
-            self.runner.lora.get(lora_request)
+            self.add_lora(lora_request)
         if params.beam_search is not None:
             if params.structured_outputs is not None:
                 raise ValueError("structured_outputs cannot be combined with beam search.")
@@ -342,6 +340,18 @@ class LLMEngine:
                     self.runner.pooler.discard(seq.seq_id)
         self._finish_request(req)
         return self._make_output(req)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter into the host cache ahead of its requests (vLLM's `add_lora`); a bad one
+        is a ValueError naming what is wrong."""
+        if self.runner.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True.")
+        self.runner.lora.get(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter from the host cache; its requests still queued read it again when they run."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._compiling)
@@ -531,6 +541,8 @@ class LLMEngine:
         s.num_gpu_blocks = self.block_manager.num_blocks
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits
+        if (loras := self.scheduler.loras) is not None:
+            s.running_lora_adapters, s.waiting_lora_adapters = loras.running_adapters(), loras.waiting_adapters()
         return s
 
 

@@ -5,11 +5,14 @@ recompute (a swapped-out sequence keeps it). An adapter stays in its slot after 
 that the next request for it finds it loaded; a new adapter takes a free slot, else evicts the least
 recently used adapter that nobody holds, else waits (the scheduler admits no more this step). Each new
 placement is a load the next batch carries to the runner (`take_loads`).
+
+It also knows which adapters have sequences running (holding a slot) and waiting (counted by the scheduler as
+they enter and leave its waiting queue), for the server's `lora_requests_info` metric.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from heron.lora_request import LoRARequest
 
@@ -20,6 +23,8 @@ class LoRASlots:
         self.refs = [0] * num_slots
         self.free = list(range(num_slots - 1, -1, -1))
         self._loads: list[tuple[int, LoRARequest]] = []
+        self.names: list[str] = [""] * num_slots  # the adapter's name in each slot
+        self.waiting: Counter[str] = Counter()  # adapter name -> its sequences waiting for admission
 
     def acquire(self, lora: LoRARequest) -> int | None:
         """A reference to `lora`'s slot, placing it first if needed; None when every slot is held."""
@@ -33,6 +38,7 @@ class LoRASlots:
                     return None
                 slot = self.slot_of.pop(victim)
             self.slot_of[lora.lora_int_id] = slot
+            self.names[slot] = lora.lora_name
             self._loads.append((slot, lora))
         self.slot_of.move_to_end(lora.lora_int_id)
         self.refs[slot] += 1
@@ -50,3 +56,16 @@ class LoRASlots:
         """The placements made since the last call, for the runner to load before its next forward."""
         loads, self._loads = self._loads, []
         return loads
+
+    def count_waiting(self, lora: LoRARequest, change: int) -> None:
+        """A sequence of `lora` entered (+1) or left (-1) the waiting queue."""
+        self.waiting[lora.lora_name] += change
+        if self.waiting[lora.lora_name] <= 0:
+            del self.waiting[lora.lora_name]
+
+    def running_adapters(self) -> list[str]:
+        """The names of the adapters that running sequences hold."""
+        return sorted({self.names[s] for s, n in enumerate(self.refs) if n})
+
+    def waiting_adapters(self) -> list[str]:
+        return sorted(self.waiting)

@@ -1,8 +1,8 @@
 """The messages between the API process (`AsyncLLM`) and the engine process (`engine_core`), over two pipes:
 
-  to the engine    AddRequest, AbortRequest, Shutdown
-  from the engine  Ready once the model is loaded; Added, the answer to each AddRequest (None or the
-                   rejection); StepOutputs once a step (and after an abort that leaves the engine idle);
+  to the engine    AddRequest, AbortRequest, AddLoRA, RemoveLoRA, Shutdown
+  from the engine  Ready once the model is loaded; Added, the answer to each AddRequest and AddLoRA (None or
+                   the rejection); StepOutputs once a step (and after an abort that leaves the engine idle);
                    EngineDead when the engine failed (the process exits after it)
 
 A step's outputs are deltas: each request that advanced sends only its new text, tokens and logprobs
@@ -56,6 +56,20 @@ class AddRequest:
 @dataclass
 class AbortRequest:
     request_id: str  # the engine may not know it (yet, or any more): then a no-op
+
+
+@dataclass
+class AddLoRA:
+    """Read and check a LoRA adapter into the engine's host cache (a server loading one at runtime); answered
+    with Added under `request_id`."""
+
+    request_id: str
+    lora_request: LoRARequest
+
+
+@dataclass
+class RemoveLoRA:
+    lora_int_id: int  # requests already queued with it still run (it is read again if they need it)
 
 
 @dataclass

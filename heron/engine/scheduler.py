@@ -67,6 +67,7 @@ class Scheduler:
         self.forks.add(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.push(seq)
+        self._count_waiting_lora(seq, 1)
 
     def _free_seats(self) -> int:
         """max_num_seqs less the running sequences' seats: one each, and all n for a request that has not
@@ -87,6 +88,7 @@ class Scheduler:
             self.running.remove(seq)  # (at most max_num_seqs long)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self._count_waiting_lora(seq, -1)
         self.swap.discard(seq)
         self.bm.free_seq(seq)
         self._release_lora(seq)
@@ -185,6 +187,7 @@ class Scheduler:
                 self.bm.count_query(seq.num_prompt_tokens)
                 seq.num_cached_tokens = seq.num_computed_tokens
             self.waiting.pop()
+            self._count_waiting_lora(seq, -1)
             out.batch.block_copies += copies
             self._admit(seq, n, out)
             seats -= seq.num_samples
@@ -209,6 +212,7 @@ class Scheduler:
             self._release_lora(seq)
             seq.status = SequenceStatus.WAITING
             self.waiting.push(seq, preempted=True)
+            self._count_waiting_lora(seq, 1)
 
     def _acquire_lora(self, seq: Sequence) -> bool:
         """Give a sequence about to be admitted its adapter's slot; False when no slot is free for it."""
@@ -225,6 +229,10 @@ class Scheduler:
         if seq.lora_slot >= 0:
             self.loras.release(seq.lora_slot)
             seq.lora_slot = -1
+
+    def _count_waiting_lora(self, seq: Sequence, change: int) -> None:
+        if self.loras is not None and seq.request.lora_request is not None:
+            self.loras.count_waiting(seq.request.lora_request, change)
 
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Priority policy: a waiting request ranked above a running one takes its place when the batch

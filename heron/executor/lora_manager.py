@@ -4,7 +4,8 @@
 The scheduler decides which adapter sits in which slot (heron/engine/lora_slots.py) and the batch carries the
 loads to make (`lora_loads`) and each sequence's slot (`lora_slots`); this module makes the loads before the
 forward (copies on the step's stream, so a step still running on the old weights finishes first) and writes
-the step's per-token slots into one device buffer the stacks read.
+the step's per-token slots into the device buffers the stacks read (`LoRAMapping`; on CUDA also the rows
+grouped by slot, for the gathered kernel: a stable sort of at most max_num_batched_tokens small integers per step).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from heron.config import EngineConfig, LoRAConfig
+from heron.layers.lora import LoRAMapping
 from heron.lora_request import LoRARequest
 from heron.models.lora import LoRAAdapter, add_lora, load_adapter
 
@@ -23,11 +25,17 @@ class LoRAManager:
     def __init__(self, model: torch.nn.Module, config: LoRAConfig, max_tokens: int, device: torch.device) -> None:
         self.config = config
         self.device = device
-        self.token_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
-        pin = device.type == "cuda"
-        # two host buffers used in turn: a step's copy may still be queued while the next one is filled
-        self._host = [torch.full((max_tokens,), -1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self.stacks = add_lora(model, config.max_loras, config.max_lora_rank, self.token_slots)
+        self.gathered = device.type == "cuda"  # the kernel, which reads the rows grouped by slot
+        # [token_slots | sorted_tokens | slot_start], on the device and twice on the host, used in turn: a step's
+        # copy may still be queued while the next one is filled
+        size = 2 * max_tokens + config.max_loras + 1
+        self._device = torch.full((size,), -1, dtype=torch.long, device=device)
+        self._host = [torch.full((size,), -1, dtype=torch.long, pin_memory=self.gathered) for _ in range(2)]
+        self._max_tokens = max_tokens
+        d = self._device
+        self.mapping = LoRAMapping(d[:max_tokens], d[max_tokens : 2 * max_tokens], d[2 * max_tokens :])
+        self.token_slots = self.mapping.token_slots
+        self.stacks = add_lora(model, config.max_loras, config.max_lora_rank, self.mapping)
         self.cpu_cache: OrderedDict[int, LoRAAdapter] = OrderedDict()  # lora_int_id -> adapter, LRU first
 
     @classmethod
@@ -47,6 +55,10 @@ class LoRAManager:
                 self.cpu_cache.popitem(last=False)
         self.cpu_cache.move_to_end(lora.lora_int_id)
         return adapter
+
+    def remove(self, lora_int_id: int) -> bool:
+        """Forget an adapter read earlier (a server unloading it); False if it was not held."""
+        return self.cpu_cache.pop(lora_int_id, None) is not None
 
     def load(self, slot: int, lora: LoRARequest) -> None:
         """Put `lora` into device slot `slot` (every projection: zero where the adapter has no matrix)."""
@@ -70,6 +82,22 @@ class LoRAManager:
         host = self._host[0]
         h = host.numpy()
         n = len(seq_of_token)
-        h[:n] = np.asarray(seq_slots, dtype=np.int64)[seq_of_token]
-        h[n:num_rows] = -1
+        slots = h[:num_rows]
+        slots[:n] = np.asarray(seq_slots, dtype=np.int64)[seq_of_token]
+        slots[n:] = -1
         self.token_slots[:num_rows].copy_(host[:num_rows], non_blocking=True)
+        if self.gathered:
+            mt = self._max_tokens
+            order, h[2 * mt :] = group_by_slot(slots, self.config.max_loras)
+            h[mt : mt + len(order)] = order
+            self.mapping.sorted_tokens[: len(order)].copy_(host[mt : mt + len(order)], non_blocking=True)
+            self.mapping.slot_start.copy_(host[2 * mt :], non_blocking=True)
+
+
+def group_by_slot(token_slots: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows with a slot (>= 0) grouped by slot, in order within each, and each slot's start in that list
+    ([num_slots + 1]): the gathered kernel's `sorted_tokens` and `slot_start`."""
+    order = np.argsort(token_slots, kind="stable")[np.count_nonzero(token_slots < 0) :]  # -1 sorts first
+    starts = np.zeros(num_slots + 1, dtype=np.int64)
+    np.cumsum(np.bincount(token_slots[order], minlength=num_slots), out=starts[1:])
+    return order, starts

@@ -230,3 +230,15 @@ def fp8_linear_ref(
     xq, x_scale = quantize_fp8_rows(x)
     y = F.linear(xq.float() * x_scale, weight.float() * weight_scale, None if bias is None else bias.float())
     return y.to(x.dtype)
+
+
+def lora_ref(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
+    """Each token's adapter delta (x A[s]^T) B[s], [T, out], zero for slot -1 (heron/kernels/lora.py): two
+    matmuls against every slot at once, shrink x [T, in] @ A [S*R, in]^T, each token's columns of the other
+    slots zeroed, then expand @ B [S*R, out]; fixed shapes, no loop over adapters."""
+    num_slots, rows, _ = lora_a.shape
+    t = x.shape[0]
+    shrunk = x @ lora_a.view(num_slots * rows, -1).t()
+    own = (token_slots[:t, None] == torch.arange(num_slots, device=x.device)).to(x.dtype)  # one-hot, or none
+    shrunk = (shrunk.view(t, num_slots, rows) * own[:, :, None]).view(t, num_slots * rows)
+    return shrunk @ lora_b.view(num_slots * rows, -1)

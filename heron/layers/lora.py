@@ -3,11 +3,11 @@ to a layer's output for every token of a batch at once, each token with its own 
 
 A slot's adapter is y += (x A^T) B^T, its scaling folded into B. A fused projection (q/k/v, gate/up) holds
 one A per part, stacked along the rank axis, and B block-diagonal: part p's rank rows feed only part p's
-output columns. The delta over the whole batch is two matmuls against all slots at once, shrink
-x [T, in] @ A [S*R, in]^T -> [T, S*R], then expand after zeroing each token's columns of the other slots,
-[T, S*R] @ B [S*R, out]: fixed shapes for any mix of adapters (CUDA-graph safe), no loop over adapters or
-requests, no host sync. It pays S times the FLOPs of one adapter per token (small beside the base matmul at
-ranks up to 64); a gathered Triton SGMV/BGMV kernel is what would pay only the token's own.
+output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
+the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens); elsewhere it is
+the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the other slots zeroed
+in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over adapters or
+requests, no host sync.
 
 Built only with `enable_lora`: a model without it keeps its layers as they are and pays nothing.
 """
@@ -15,44 +15,71 @@ Built only with `enable_lora`: a model without it keeps its layers as they are a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from heron.kernels.reference import rms_norm_ref
+from heron.kernels.reference import lora_ref, rms_norm_ref
 from heron.layers.device_ops import DeviceOps
 from heron.layers.layernorm import NormLinear
 
 
-class LoRAStack(nn.Module):
+@dataclass
+class LoRAMapping:
+    """A step's adapters per token row, on the device, filled by the model runner before each forward and read
+    by every stack: `token_slots` [max_tokens] (each row's slot, -1: none); for the kernel, `sorted_tokens`
+    [max_tokens] (the adapted rows grouped by slot) and `slot_start` [max_loras + 1] (each slot's run in it)."""
+
+    token_slots: torch.Tensor
+    sorted_tokens: torch.Tensor
+    slot_start: torch.Tensor
+
+
+class LoRAStack(DeviceOps):
     """The adapters of one projection: A [slots, parts * rank, in] and B [slots, parts * rank, out] (B stored
-    transposed, so that the expand is a plain matmul), zero in a free slot. `token_slots` is the step's
-    per-token slot index, a buffer the model runner fills before each forward (shared by every stack)."""
+    transposed, so that the expand is a plain matmul), zero in a free slot."""
 
     def __init__(
-        self, input_size: int, output_sizes: list[int], max_loras: int, max_rank: int, token_slots: torch.Tensor
+        self, input_size: int, output_sizes: list[int], max_loras: int, max_rank: int, mapping: LoRAMapping
     ) -> None:
         super().__init__()
         self.input_size, self.output_sizes, self.max_rank = input_size, output_sizes, max_rank
         rows = len(output_sizes) * max_rank
         self.register_buffer("lora_a", torch.zeros(max_loras, rows, input_size), persistent=False)
         self.register_buffer("lora_b", torch.zeros(max_loras, rows, sum(output_sizes)), persistent=False)
-        self.__dict__["token_slots"] = token_slots  # the runner's, not this module's
-        self.register_buffer("slot_ids", torch.arange(max_loras), persistent=False)
+        self.mapping = mapping  # the runner's, shared by every stack
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        if self.lora_a.is_cuda:
+            from heron.kernels.lora import lora_add_
+
+            self._add = lora_add_
+        else:
+            self._add = None
 
     def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Load one adapter's stacked A [parts * rank, in] and transposed B [parts * rank, out] into `slot`."""
         self.lora_a[slot].copy_(a)
         self.lora_b[slot].copy_(b)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] -> the delta [T, out] of each token's adapter (zero for the base model's tokens)."""
-        num_slots, rows, _ = self.lora_a.shape
-        t = x.shape[0]
-        shrunk = x @ self.lora_a.view(num_slots * rows, -1).t()
-        own = (self.token_slots[:t, None] == self.slot_ids).to(x.dtype)  # [T, slots]: one-hot, or none for -1
-        shrunk = (shrunk.view(t, num_slots, rows) * own[:, :, None]).view(t, num_slots * rows)
-        return shrunk @ self.lora_b.view(num_slots * rows, -1)
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y [T, out] += the delta of each token's adapter for x [T, in] (none for the base model's tokens)."""
+        m = self.mapping
+        if self._add is None:
+            return y.add_(lora_ref(x, self.lora_a, self.lora_b, m.token_slots))
+        return self._add(
+            y,
+            x,
+            self.lora_a,
+            self.lora_b,
+            m.token_slots,
+            m.sorted_tokens,
+            m.slot_start,
+            self.output_sizes,
+            self.max_rank,
+        )
 
 
 class LinearWithLoRA(nn.Module):
@@ -64,8 +91,7 @@ class LinearWithLoRA(nn.Module):
         self.base, self.lora, self.act = base, lora, act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        return y.add_(self.lora(x if self.act is None else self.act(x)))
+        return self.lora.add_to(self.base(x), x if self.act is None else self.act(x))
 
 
 class NormLinearWithLoRA(DeviceOps):
@@ -89,4 +115,4 @@ class NormLinearWithLoRA(DeviceOps):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         y, residual = self.base(x, residual)
         normed = self._norm(residual, self.base.weight, self.base.eps)
-        return y.add_(self.lora(normed)), residual
+        return self.lora.add_to(y, normed), residual

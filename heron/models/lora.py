@@ -18,7 +18,7 @@ from torch import nn
 
 from heron.kernels.reference import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from heron.layers.layernorm import NormLinear
-from heron.layers.lora import LinearWithLoRA, LoRAStack, NormLinearWithLoRA
+from heron.layers.lora import LinearWithLoRA, LoRAMapping, LoRAStack, NormLinearWithLoRA
 
 # PEFT module name -> (Heron projection, part of it)
 TARGETS = {
@@ -44,7 +44,7 @@ class LoRAAdapter:
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 
-def add_lora(model: nn.Module, max_loras: int, max_rank: int, token_slots: torch.Tensor) -> Stacks:
+def add_lora(model: nn.Module, max_loras: int, max_rank: int, mapping: LoRAMapping) -> Stacks:
     """Wrap every decoder layer's projections of `model` (built and loaded) with LoRA stacks on its device."""
     stacks: Stacks = {}
     for i, layer in enumerate(getattr(model, "layers", [])):
@@ -54,7 +54,7 @@ def add_lora(model: nn.Module, max_loras: int, max_rank: int, token_slots: torch
         device, dtype = attn.o_proj.weight.device, attn.o_proj.weight.dtype
 
         def stack(input_size: int, output_sizes: list[int]) -> LoRAStack:
-            return LoRAStack(input_size, output_sizes, max_loras, max_rank, token_slots).to(device, dtype)
+            return LoRAStack(input_size, output_sizes, max_loras, max_rank, mapping).to(device, dtype)
 
         qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
         hidden = qkv.weight.shape[1]

@@ -109,6 +109,22 @@ def test_a_batch_mixing_adapters_and_the_base_equals_each_alone(llm, llama, monk
     assert len(loads) > 2  # four adapters through two slots
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_gathered_kernel_in_a_mixed_batch_matches_peft(llama):
+    """On CUDA the delta is the Triton kernel (heron/kernels/lora.py); float32, as peft runs here."""
+    path, loras, want = llama
+    llm = LLM(
+        path, device="cuda", dtype="float32", kv_cache_memory=16 << 20, enable_lora=True, max_loras=2, max_lora_rank=8
+    )
+    order = [None, *loras, loras[0], None]
+    outs = llm.generate(
+        [p for _ in order for p in PROMPTS], GREEDY, use_tqdm=False, lora_request=[r for r in order for _ in PROMPTS]
+    )
+    got = _tokens(outs)
+    for i, lora in enumerate(order):
+        assert got[2 * i : 2 * i + 2] == want[lora], lora
+
+
 def test_qwen3_adapter_matches_peft(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -192,3 +208,20 @@ def test_embedded_model_adapter_matches_peft(tmp_path):
     llm = LLM(kv_cache_memory=64 << 20, max_model_len=256, enable_lora=True, max_lora_rank=8)
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora))
     assert got == peft_greedy(base, lora.lora_path, llm.get_tokenizer())
+
+
+def test_stats_name_the_adapters_running_and_waiting(llm, llama):
+    """What the server's lora_requests_info shows: three adapters through two slots, one waits."""
+    _, loras, _ = llama
+    engine = llm.engine
+    for i, lora in enumerate(loras[:3]):
+        engine.add_request(f"stats-{i}", PROMPTS[0], SamplingParams(max_tokens=4), lora_request=lora)
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == ([], ["a1", "a2", "a3"])
+    engine.step()
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == (["a1", "a2"], ["a3"])
+    for i in range(3):
+        engine.abort(f"stats-{i}")
+    s = engine.get_stats()
+    assert (s.running_lora_adapters, s.waiting_lora_adapters) == ([], [])

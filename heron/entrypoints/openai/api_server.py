@@ -29,7 +29,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -64,6 +64,11 @@ from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from heron.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from heron.entrypoints.openai.serving_engine import ClientDisconnected
+from heron.entrypoints.openai.serving_models import (
+    LoadLoRAAdapterRequest,
+    OpenAIServingModels,
+    UnloadLoRAAdapterRequest,
+)
 from heron.entrypoints.openai.serving_responses import OpenAIServingResponses
 from heron.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from heron.metrics import ServerMetrics, StatLogger
@@ -93,13 +98,16 @@ class ServerState:
     tokenization: OpenAIServingTokenization | None = None
     responses: OpenAIServingResponses | None = None
     embedding: OpenAIServingEmbedding | None = None
+    models: OpenAIServingModels | None = None  # the base model's names and the LoRA adapters'
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def attach(self, engine: AsyncLLM) -> None:
-        """On the event loop, once the model has loaded."""
+    def attach(self, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+        """On the event loop, once the model (and its --lora-modules adapters) have loaded."""
         self.limits = RequestLimits.of(engine.info, self.args.max_seqs_per_request)
+        self.models = models
         common = dict(
+            models=models,
             engine=engine,
             served_model_names=self.served_model_names,
             metrics=self.metrics,
@@ -121,7 +129,7 @@ class ServerState:
             "Model %s is ready (max_model_len %d): serving it as %s",
             engine.model_name,
             engine.max_model_len,
-            ", ".join(self.served_model_names),
+            ", ".join([*self.served_model_names, *models.lora_requests]),
         )
 
     def _engine_died(self, error: BaseException) -> None:
@@ -200,23 +208,21 @@ async def metrics(raw: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(raw: Request) -> ModelList:
-    s = _ready(raw)
-    return ModelList(data=[_card(s, name) for name in s.served_model_names])
+    """The base model's names, then the LoRA adapters (each with its `parent`)."""
+    return ModelList(data=_cards(_ready(raw)))
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorResponse}})
 async def retrieve_model(model_id: str, raw: Request) -> ModelCard:
     """One served model; 404 in OpenAI's format for a name this server does not serve."""
     s = _ready(raw)
-    if model_id not in s.served_model_names:
-        raise ApiError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    return _card(s, model_id)
+    s.models.model_name(model_id)
+    return next(card for card in _cards(s) if card.id == model_id)
 
 
-def _card(s: ServerState, name: str) -> ModelCard:
+def _cards(s: ServerState) -> list[ModelCard]:
     # root: the model behind the name, for clients (heron bench serve) that need its tokenizer
-    root = s.args.model or EMBEDDED_NAME
-    return ModelCard(id=name, created=s.created, root=root, max_model_len=s.engine.max_model_len)
+    return s.models.cards(s.args.model or EMBEDDED_NAME, s.created, s.engine.max_model_len)
 
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
@@ -254,6 +260,31 @@ async def tokenize(body: TokenizeRequest, raw: Request) -> TokenizeResponse:
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
     return await _ready(raw).tokenization.detokenize(body)
+
+
+def _runtime_lora(raw: Request) -> OpenAIServingModels:
+    s = _ready(raw)
+    if not s.args.allow_runtime_lora_updating:
+        raise ApiError(
+            404,
+            "Loading and unloading LoRA adapters at runtime is off: start the server with "
+            "--allow-runtime-lora-updating (or HERON_ALLOW_RUNTIME_LORA_UPDATING=1).",
+            code="not_found",
+        )
+    return s.models
+
+
+@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, raw: Request) -> PlainTextResponse:
+    """vLLM's: read a PEFT adapter and serve it under `lora_name` (with --allow-runtime-lora-updating)."""
+    models = _runtime_lora(raw)
+    return PlainTextResponse(await models.load_lora_adapter(body.lora_name, body.lora_path, None, body.load_inplace))
+
+
+@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, raw: Request) -> PlainTextResponse:
+    """vLLM's: stop serving the adapter `lora_name` (with --allow-runtime-lora-updating)."""
+    return PlainTextResponse(await _runtime_lora(raw).unload_lora_adapter(body.lora_name))
 
 
 @router.get("/docs", include_in_schema=False)
@@ -372,6 +403,7 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
             max_model_len=config.model.max_model_len or 1 << 17,
             cache_info={k: str(v) for k, v in asdict(config.cache).items()},
             compat=args.metrics_compat,
+            max_lora=config.lora.max_loras if config.lora.enable_lora else None,
         ),
         admission=admission,
     )
@@ -384,11 +416,19 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
         def load() -> None:
             try:
                 engine = AsyncLLM.from_config(config, cpu_threads=cpu_threads)
+                models = OpenAIServingModels(engine, names)
+                for m in args.lora_modules or []:  # read and checked by the engine, on the loop
+                    add = models.load_lora_adapter(m.name, m.path, m.base_model_name)
+                    asyncio.run_coroutine_threadsafe(add, loop).result()
+            except ApiError as e:  # a --lora-modules adapter that cannot be served: the server exits
+                logger.error("--lora-modules: %s", e.message)
+                loop.call_soon_threadsafe(state.stop, 1)
+                return
             except BaseException:  # noqa: BLE001 - reported, and the server exits
                 logger.exception("Could not load the model")
                 loop.call_soon_threadsafe(state.stop, 1)
                 return
-            loop.call_soon_threadsafe(state.attach, engine)
+            loop.call_soon_threadsafe(state.attach, engine, models)
 
         logger.info(
             "Loading model %s in the engine process: reading its weights, then sizing the KV cache (and capturing "

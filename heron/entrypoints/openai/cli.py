@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import dataclass
 
 from heron.entrypoints.engine_args import add_engine_args
 from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
@@ -49,6 +51,22 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         help="the model's names in the API; the first is reported (default: the model argument)",
+    )
+    g.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=parse_lora_module,
+        default=None,
+        metavar="NAME=PATH",
+        help='LoRA adapters to serve (with --enable-lora), each as name=path or as vLLM\'s JSON {"name": ..., '
+        '"path": ..., "base_model_name": ...}; a request picks one by its model field (docs/lora.md)',
+    )
+    g.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING); they are behind --api-key like every /v1/ route",
     )
     g.add_argument(
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one, instead of the tokenizer's"
@@ -125,6 +143,32 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-log-stats", action="store_true", help="no periodic engine statistics in the log")
 
 
+@dataclass(frozen=True)
+class LoRAModulePath:
+    """One --lora-modules entry (vLLM's name): an adapter's name in the API, its PEFT folder, and the base
+    model it adapts as /v1/models shows it (`parent`; None: the first served name)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_module(text: str) -> LoRAModulePath:
+    """`name=path`, or vLLM's JSON form `{"name": ..., "path": ..., "base_model_name": ...}` (argparse's type)."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+            return LoRAModulePath(spec["name"], spec["path"], spec.get("base_model_name"))
+        except (ValueError, KeyError, TypeError) as e:
+            raise argparse.ArgumentTypeError(
+                f'{text!r}: expected {{"name": ..., "path": ..., "base_model_name": ...}} ({e!r})'
+            ) from None
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected name=path or a JSON object")
+    return LoRAModulePath(name, path)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -145,6 +189,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise SystemExit("heron serve: --enable-auto-tool-choice requires --tool-call-parser")
+    if args.lora_modules and not args.enable_lora:
+        raise SystemExit("heron serve: --lora-modules requires --enable-lora")
 
     resolve_model(args)
     return run_server(args)

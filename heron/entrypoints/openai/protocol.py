@@ -451,6 +451,7 @@ class ModelCard(OpenAIBaseModel):
     created: int
     owned_by: str = "heron"
     root: str | None = Field(None, description="The model served under this name: its folder or hub id (vLLM's).")
+    parent: str | None = Field(None, description="A LoRA adapter's base model (vLLM's); None for a base model.")
     max_model_len: int
 
 

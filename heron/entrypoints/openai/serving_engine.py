@@ -43,6 +43,7 @@ from heron.entrypoints.openai.protocol import (
     SamplingRequest,
     UsageInfo,
 )
+from heron.entrypoints.openai.serving_models import OpenAIServingModels
 from heron.entrypoints.openai.serving_tools import template_tool_calls
 from heron.entrypoints.openai.structured_outputs import structured_outputs_params
 from heron.metrics import ServerMetrics
@@ -191,10 +192,13 @@ class OpenAIServing:
         limits: RequestLimits,
         log_requests: bool = False,
         scheduling_policy: str = "fcfs",
+        models: OpenAIServingModels | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.served_model_names = served_model_names
+        # The names it answers to: the server shares one (with its LoRA adapters) among the endpoints.
+        self.models = models or OpenAIServingModels(engine, served_model_names)
         self.metrics = metrics
         self.admission = admission
         self.limits = limits
@@ -203,12 +207,9 @@ class OpenAIServing:
         self._generation_defaults = engine.generation_defaults
 
     def model_name(self, asked: str | None) -> str:
-        """The name to report for a request; 404 for a model this server does not serve."""
-        if asked is None:
-            return self.served_model_names[0]
-        if asked not in self.served_model_names:
-            raise ApiError(404, f"The model `{asked}` does not exist.", param="model", code="model_not_found")
-        return asked
+        """The name to report for a request (the base model's or a LoRA adapter's); 404 for a model this server
+        does not serve."""
+        return self.models.model_name(asked)
 
     def sampling_params(
         self,
@@ -332,9 +333,11 @@ class OpenAIServing:
         add_special_tokens: bool,
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
+        model: str | None = None,
     ) -> RequestGroup:
         """Check the request's size, take its places in the waiting queue (503 when full), submit its
-        first prompts and return once the engine has accepted them."""
+        first prompts and return once the engine has accepted them. `model`: the request's checked model name,
+        which picks its LoRA adapter, if it names one."""
         if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
             field, why = too_many
             raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
@@ -352,7 +355,11 @@ class OpenAIServing:
             for rid, p in zip(ids, prompts):
                 logger.info("Received request %s: prompt: %r, params: %s", rid, p, params)
         submit = functools.partial(
-            self.engine.add_request, params=params, priority=priority, add_special_tokens=add_special_tokens
+            self.engine.add_request,
+            params=params,
+            priority=priority,
+            add_special_tokens=add_special_tokens,
+            lora_request=self.models.lora_request(model) if model is not None else None,
         )
         head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:

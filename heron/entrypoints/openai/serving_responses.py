@@ -62,6 +62,7 @@ class OpenAIServingResponses(OpenAIServing):
             add_special_tokens=False,
             prompt_param="input",
             max_tokens_param="max_output_tokens",
+            model=model,
         )
         head = ResponseObject(
             id=response_id,

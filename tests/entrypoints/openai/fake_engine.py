@@ -94,7 +94,9 @@ class FakeEngine:
             callback(error)
         return EngineDeadError(f"the engine has stopped: {error!r}")
 
-    async def add_request(self, prompt, params, request_id, priority=0, add_special_tokens=True) -> FakeStream:
+    async def add_request(
+        self, prompt, params, request_id, priority=0, add_special_tokens=True, lora_request=None
+    ) -> FakeStream:
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
         self.loop = asyncio.get_running_loop()
@@ -110,6 +112,9 @@ class FakeEngine:
                 yield out
         finally:
             stream.close()
+
+    async def add_lora(self, lora_request) -> None:
+        raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: the stand-in engine reads no adapters.")
 
     def abort_all(self, message: str) -> None:
         for stream in self.streams:

@@ -1,0 +1,67 @@
+"""Multi-LoRA under load (`heron bench throughput --lora-adapters DIR ...`): the workload's requests with the
+adapters assigned round robin (request i runs adapter i mod N) on an engine built with --enable-lora, then the
+same requests on the base model alone (an engine without LoRA, built after the first is freed), in the same
+run: `ratio_vs_base` is the ratio of their output tokens/s. `benchmarks/make_loras.py` writes random adapters
+for a shapes folder (--load-format dummy)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Callable
+
+from heron.bench.datasets import BenchRequest
+
+
+def time_generate(llm, requests: list[BenchRequest], temperature: float, sync, lora_requests=None) -> float:
+    """Seconds of one `generate` call over the requests (after a warm-up that reads and loads every adapter)."""
+    from heron.sampling_params import SamplingParams
+
+    warm = lora_requests[: llm.engine.config.lora.max_loras] if lora_requests else [None]
+    llm.generate([list(range(1, 33))] * len(warm), SamplingParams(max_tokens=16), use_tqdm=False, lora_request=warm)
+    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.output_len) for r in requests]
+    sync(llm)
+    start = time.perf_counter()
+    outs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False, lora_request=lora_requests)
+    sync(llm)
+    seconds = time.perf_counter() - start
+    got, want = sum(len(o.outputs[0].token_ids) for o in outs), sum(r.output_len for r in requests)
+    if got != want:
+        raise RuntimeError(f"Heron generated {got} output tokens, the workload asks for {want}.")
+    return seconds
+
+
+def time_both(args: argparse.Namespace, requests: list[BenchRequest], make_llm: Callable, sync) -> tuple[dict, str]:
+    """The adapters' arm, then the base model's; returns the metrics and the model's slug."""
+    import torch
+
+    from heron.bench.cli import model_slug
+    from heron.lora_request import LoRARequest
+
+    if not args.enable_lora:
+        raise SystemExit("--lora-adapters needs --enable-lora (and --max-loras, --max-lora-rank to fit them)")
+    adapters = [LoRARequest(f"lora{i}", i + 1, path) for i, path in enumerate(args.lora_adapters)]
+    round_robin = [adapters[i % len(adapters)] for i in range(len(requests))]
+    llm = make_llm(args)
+    lora_s = time_generate(llm, requests, args.temperature, sync, round_robin)
+    slug = model_slug(llm)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    llm = make_llm(argparse.Namespace(**{**vars(args), "enable_lora": False}))
+    base_s = time_generate(llm, requests, args.temperature, sync)
+    tokens = sum(r.output_len for r in requests)
+    metrics = {
+        "output_tokens_per_s": tokens / lora_s,
+        "base_output_tokens_per_s": tokens / base_s,
+        "ratio_vs_base": base_s / lora_s,
+        "elapsed_s": lora_s,
+        "base_elapsed_s": base_s,
+        "num_requests": len(requests),
+        "output_tokens": tokens,
+        "num_adapters": len(adapters),
+        "max_loras": args.max_loras,
+        "max_lora_rank": args.max_lora_rank,
+    }
+    return metrics, slug

@@ -1,0 +1,214 @@
+"""Gathered multi-LoRA: y += (x A[s]^T) B[s] for every token of a batch, each token with its own adapter slot s
+(-1: none), in two launches per projection (shrink, then expand-and-add) whatever the mix of adapters: Punica's
+BGMV/SGMV as vLLM's Triton LoRA kernels do it.
+
+Layout (heron/layers/lora.py's LoRAStack): A [S, P*R, in] and B [S, P*R, out] (transposed, scaled), B
+block-diagonal over the P parts of a fused projection: part p's R rank rows feed only its output columns.
+The step's tokens come grouped by slot (heron/layers/lora.py's `LoRAMapping`, filled on the host with the
+step's other inputs): `sorted_tokens` lists the adapted rows slot by slot, `slot_start[s]:slot_start[s + 1]` is
+slot s's run.
+
+- shrink, program (m, j): the m-th BLOCK_M of the adapted rows in slot order, gathered, times rank rows
+  [j * BLOCK_R, +BLOCK_R) of their adapter's A, over `in` in BLOCK_K tiles with tl.dot -> a float32 [T, P*R]
+  buffer. A tile that crosses from one slot's run into the next takes one pass per slot, the other rows masked
+  to zero (one accumulator).
+- expand, program (m, i): the same rows' shrunk values times their adapter's B, columns [i * BLOCK_N, +BLOCK_N),
+  reading only the rank rows of the parts those columns belong to, added to y (rounded once) in place.
+
+So an adapter's matrices are read once per BLOCK_M of its tokens, not once per token (BGMV) nor once per slot
+for every token (the dense product over all slots, `lora_ref`, which the CPU runs), and the grid,
+(ceil(T / BLOCK_M), tiles), has no slot axis of programs with nothing to do: only the tiles past the adapted
+rows (a batch's base-model tokens) return at once. It depends only on shapes, and the runs are read on the
+device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no run). Each row is in
+one tile, so no two programs write one element of y.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.common import dot_upcast
+
+BLOCK_M = 16
+BLOCK_R = 16
+BLOCK_K = 128
+BLOCK_N = 128
+MAX_PARTS = 3  # q/k/v
+
+
+@triton.jit
+def _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tile m of the adapted rows in slot order: the rows, which are real, each one's slot, and the range of
+    slots the tile spans (empty for a tile past the adapted rows)."""
+    idx = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = idx < tl.load(start_ptr + NUM_SLOTS)
+    rows = tl.load(sorted_ptr + idx, mask=ok, other=0)
+    slots = tl.load(slots_ptr + rows, mask=ok, other=-1)
+    first, last = tl.min(tl.where(ok, slots, NUM_SLOTS)), tl.max(slots)
+    return rows.to(tl.int64), ok, slots, first, last
+
+
+@triton.jit
+def _shrink_kernel(
+    x_ptr,
+    a_ptr,
+    slots_ptr,
+    sorted_ptr,
+    start_ptr,
+    out_ptr,
+    K,
+    R2,
+    stride_x,
+    stride_as,
+    stride_ar,
+    stride_o,
+    NUM_SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    m, j = tl.program_id(0), tl.program_id(1)
+    rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
+    rank_ok = ranks < R2
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for slot in range(first, last + 1):  # one slot, or a few where the tile crosses runs
+        mine = ok & (slots == slot)  # the other rows load as zero: one accumulator for all
+        a_rows = a_ptr + slot * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
+            if UPCAST:
+                x, a = x.to(tl.float32), a.to(tl.float32)
+            acc = tl.dot(x, a, acc, input_precision=PRECISION)
+    tl.store(out_ptr + rows[:, None] * stride_o + ranks[None, :], acc, mask=ok[:, None] & rank_ok[None, :])
+
+
+@triton.jit
+def _expand_add_kernel(
+    y_ptr,
+    shrunk_ptr,
+    b_ptr,
+    slots_ptr,
+    sorted_ptr,
+    start_ptr,
+    N,
+    OFF1,
+    OFF2,
+    MAX_RANK,
+    stride_y,
+    stride_s,
+    stride_bs,
+    stride_br,
+    NUM_SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    m, i = tl.program_id(0), tl.program_id(1)
+    rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    cols = i * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    # the parts of this column tile: B's other rank rows are zero here (block-diagonal), so are skipped
+    col_first, col_last = i * BLOCK_N, tl.minimum(i * BLOCK_N + BLOCK_N, N) - 1
+    part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
+    part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
+    r_end = (part_hi + 1) * MAX_RANK
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for slot in range(first, last + 1):
+        mine = ok & (slots == slot)
+        b_cols = b_ptr + slot * stride_bs + cols[None, :]
+        for r0 in range(part_lo * MAX_RANK, r_end, BLOCK_R):
+            ranks = r0 + tl.arange(0, BLOCK_R)
+            rank_ok = ranks < r_end
+            s = tl.load(
+                shrunk_ptr + rows[:, None] * stride_s + ranks[None, :], mask=mine[:, None] & rank_ok[None, :], other=0.0
+            )
+            b = tl.load(
+                b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
+            )
+            if UPCAST:
+                b = b.to(tl.float32)
+            else:
+                s = s.to(b.dtype)  # tensor cores take both operands in the model's dtype
+            acc = tl.dot(s, b, acc, input_precision=PRECISION)
+    y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    mask = ok[:, None] & col_ok[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+
+
+def lora_add_(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
+    sorted_tokens: torch.Tensor,
+    slot_start: torch.Tensor,
+    output_sizes: list[int],
+    max_rank: int,
+) -> torch.Tensor:
+    """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `token_slots`: each row's slot;
+    `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the parts of a
+    fused projection, each fed by `max_rank` rows of B."""
+    num_slots, r2, k = lora_a.shape
+    t, n = y.shape
+    assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
+    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
+    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    shrunk = torch.empty(t, r2, dtype=torch.float32, device=x.device)
+    upcast = dot_upcast()
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
+    m_tiles = triton.cdiv(t, BLOCK_M)
+    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R))](
+        x,
+        lora_a,
+        token_slots,
+        sorted_tokens,
+        slot_start,
+        shrunk,
+        k,
+        r2,
+        x.stride(0),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        shrunk.stride(0),
+        NUM_SLOTS=num_slots,
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_K=BLOCK_K,
+        UPCAST=upcast,
+        PRECISION=precision,
+    )
+    _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N))](
+        y,
+        shrunk,
+        lora_b,
+        token_slots,
+        sorted_tokens,
+        slot_start,
+        n,
+        offsets[0],
+        offsets[1],
+        max_rank,
+        y.stride(0),
+        shrunk.stride(0),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        NUM_SLOTS=num_slots,
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_N=BLOCK_N,
+        UPCAST=upcast,
+        PRECISION=precision,
+    )
+    return y

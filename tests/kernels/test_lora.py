@@ -1,0 +1,74 @@
+"""The gathered LoRA kernel against the dense reference (`lora_ref`, what the CPU runs): random slots with base
+tokens between, fused projections of uneven parts (column tiles across part boundaries), ranks below and above
+one rank tile, more tokens of one slot than one token tile, a step of base tokens only. On CPU under Triton's
+interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from heron.executor.lora_manager import group_by_slot
+from heron.kernels.lora import _shrink_kernel, lora_add_
+from heron.kernels.reference import lora_ref
+from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
+
+DEVICE = pick_device()
+
+skip_unless_runnable(_shrink_kernel, DEVICE)
+
+
+def _adapters(num_slots: int, in_size: int, out_sizes: list[int], max_rank: int, ranks: list[int], gen):
+    """A and B as LoRAStack holds them: each part's rows past the adapter's rank zero, B block-diagonal."""
+    parts = len(out_sizes)
+    a = torch.zeros(num_slots, parts * max_rank, in_size)
+    b = torch.zeros(num_slots, parts * max_rank, sum(out_sizes))
+    for s, r in enumerate(ranks):
+        for p, n in enumerate(out_sizes):
+            rows, col = slice(p * max_rank, p * max_rank + r), sum(out_sizes[:p])
+            a[s, rows] = torch.randn(r, in_size, generator=gen) / in_size**0.5
+            b[s, rows, col : col + n] = torch.randn(r, n, generator=gen)
+    return a, b
+
+
+CASES = [
+    # (tokens' slots, in, output parts, max_rank, each slot's rank)
+    ([0, -1, 1, 1, 2, 0, -1], 48, [40, 24, 24], 4, [4, 2, 3]),
+    ([2] * 37 + [-1, 0, 1] * 3, 200, [300], 24, [24, 5, 17]),
+    ([1, 0] * 9, 64, [136, 136], 8, [8, 8]),
+    ([-1, -1, -1], 32, [32], 16, [16]),
+    ([3], 32, [72, 8, 8], 16, [9, 16, 1, 16]),
+    ([0, 1, 2, 3, 4, 5, 6, 7] * 3 + [-1] * 4, 40, [24, 16, 16], 4, [1, 2, 3, 4, 4, 3, 2, 1]),  # tiles across runs
+]
+
+
+# relative error: float32 exact but for the order of sums; bf16 the dot's operands and the output rounded once each
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks"), CASES)
+def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, dtype):
+    gen = torch.Generator().manual_seed(len(slots))
+    a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
+    x = torch.randn(len(slots), in_size, generator=gen)
+    y = torch.randn(len(slots), sum(out_sizes), generator=gen)
+    a, b, x, y = (t.to(dtype) for t in (a, b, x, y))
+    token_slots = torch.tensor(slots)
+    want = y.float() + lora_ref(x.float(), a.float(), b.float(), token_slots)
+    order, starts = group_by_slot(np.array(slots), len(ranks))
+    sorted_tokens = torch.from_numpy(np.concatenate([order, [-7] * 5]))  # past the runs: never read
+    args = [t.to(DEVICE) for t in (y, x, a, b, token_slots, sorted_tokens, torch.from_numpy(starts))]
+    got = lora_add_(*args, out_sizes, max_rank)
+    assert got.data_ptr() == args[0].data_ptr()  # in place
+    assert rel_err(got.cpu(), want) < TOL[dtype]
+    base = token_slots < 0
+    assert torch.equal(got.cpu()[base], y[base])  # the base model's rows untouched
+
+
+def test_group_by_slot():
+    order, starts = group_by_slot(np.array([2, -1, 0, 2, 0, -1, 1]), 4)
+    assert order.tolist() == [2, 4, 6, 0, 3] and starts.tolist() == [0, 2, 3, 5, 5]
