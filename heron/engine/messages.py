@@ -74,6 +74,7 @@ class ServingInfo:
     generation_defaults: dict
     vocab_size: int  # the model's (token ids and logit_bias keys must be below it)
     max_num_seqs: int  # a request's n samples must fit in one batch
+    num_gpu_blocks: int = 0  # the KV cache's size in blocks (what a data-parallel router remembers per replica)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,6 +37,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
+from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.errors import ApiError, api_error
 from heron.entrypoints.openai.field_policy import refusal
@@ -84,7 +85,7 @@ class ServerState:
     metrics: ServerMetrics
     admission: Admission
     stop: Callable[[int], None] = lambda exit_code: None  # ask the server to exit with this code (on the loop)
-    engine: AsyncLLM | None = None
+    engine: AsyncLLM | DataParallelAsyncLLM | None = None
     limits: RequestLimits | None = None
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
@@ -93,7 +94,7 @@ class ServerState:
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def attach(self, engine: AsyncLLM) -> None:
+    def attach(self, engine: AsyncLLM | DataParallelAsyncLLM) -> None:
         """On the event loop, once the model has loaded."""
         self.limits = RequestLimits.of(engine.info, self.args.max_seqs_per_request)
         common = dict(
@@ -156,9 +157,15 @@ def _ready(raw: Request) -> ServerState:
 
 @router.get("/health", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
 async def health(raw: Request) -> Response:
-    """200 once the model is loaded and the engine runs; 503 before, and after the engine died."""
-    _ready(raw)
-    return Response(status_code=200)
+    """200 once the model is loaded and the engine runs; 503 before, and after the engine died. With
+    data-parallel replicas, 200 while any serves, with a body saying which (`degraded` when some died: the
+    server still answers, so a load balancer keeps it), and 503 once all have died."""
+    s = _ready(raw)
+    if not isinstance(s.engine, DataParallelAsyncLLM):
+        return Response(status_code=200)
+    alive = s.engine.health()
+    status = "ok" if all(alive) else "degraded"
+    return JSONResponse({"status": status, "replicas": [{"replica": i, "alive": a} for i, a in enumerate(alive)]})
 
 
 @router.get("/ping", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
@@ -343,6 +350,9 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
             max_model_len=config.model.max_model_len or 1 << 17,
             cache_info={k: str(v) for k, v in asdict(config.cache).items()},
             compat=args.metrics_compat,
+            replica_stats=(lambda: state.engine.replica_stats() if state.engine else [])
+            if config.parallel.data_parallel_size > 1
+            else None,
         ),
         admission=admission,
     )
@@ -354,7 +364,8 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
 
         def load() -> None:
             try:
-                engine = AsyncLLM.from_config(config, cpu_threads=cpu_threads)
+                engine_class = DataParallelAsyncLLM if config.parallel.data_parallel_size > 1 else AsyncLLM
+                engine = engine_class.from_config(config, cpu_threads=cpu_threads)
             except BaseException:  # noqa: BLE001 - reported, and the server exits
                 logger.exception("Could not load the model")
                 loop.call_soon_threadsafe(state.stop, 1)

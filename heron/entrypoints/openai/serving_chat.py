@@ -68,6 +68,7 @@ class OpenAIServingChat(OpenAIServing):
             add_special_tokens=req.add_special_tokens,
             prompt_param="messages",
             max_tokens_param=max_param,
+            user=req.user,
         )
         if req.stream:
             created = int(time.time())

@@ -36,6 +36,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req.priority,
             add_special_tokens=req.add_special_tokens,
             prompt_param="prompt",
+            user=req.user,
         )
         head = CompletionResponse(id=request_id, model=model, choices=[])
         sent: dict[int, int] = {}  # choice index -> characters so far (echoed prompt included)

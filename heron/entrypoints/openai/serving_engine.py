@@ -330,9 +330,11 @@ class OpenAIServing:
         add_special_tokens: bool,
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
+        user: str | None = None,
     ) -> RequestGroup:
         """Check the request's size, take its places in the waiting queue (503 when full), submit its
-        first prompts and return once the engine has accepted them."""
+        first prompts and return once the engine has accepted them. `user` keeps a session on one
+        data-parallel replica."""
         if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
             field, why = too_many
             raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
@@ -350,7 +352,11 @@ class OpenAIServing:
             for rid, p in zip(ids, prompts):
                 logger.info("Received request %s: prompt: %r, params: %s", rid, p, params)
         submit = functools.partial(
-            self.engine.add_request, params=params, priority=priority, add_special_tokens=add_special_tokens
+            self.engine.add_request,
+            params=params,
+            priority=priority,
+            add_special_tokens=add_special_tokens,
+            user=user,
         )
         head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:

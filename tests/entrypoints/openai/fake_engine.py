@@ -94,7 +94,9 @@ class FakeEngine:
             callback(error)
         return EngineDeadError(f"the engine has stopped: {error!r}")
 
-    async def add_request(self, prompt, params, request_id, priority=0, add_special_tokens=True) -> FakeStream:
+    async def add_request(
+        self, prompt, params, request_id, priority=0, add_special_tokens=True, user=None
+    ) -> FakeStream:
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
         self.loop = asyncio.get_running_loop()
