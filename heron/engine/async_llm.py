@@ -193,6 +193,7 @@ class AsyncLLM:
         self._proc, self._commands, self._events = launch()
         self._stopping = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="heron-tokenize")
         atexit.register(self.shutdown)
         try:
             ready = self._events.recv()
@@ -212,7 +213,6 @@ class AsyncLLM:
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._stats = EngineStats()
         self._streams: dict[str, RequestStream] = {}
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="heron-tokenize")
         self._writer = threading.Thread(target=self._write, name="heron-engine-writer", daemon=True)
         self._reader = threading.Thread(target=self._read, name="heron-engine-reader", daemon=True)
         self._writer.start()

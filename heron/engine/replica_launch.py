@@ -99,13 +99,22 @@ class _ActorProcess:
         ray.kill(self._actor)
 
 
-def _ray_launchers(config: EngineConfig, cpu_threads: int | None) -> list[Callable[[], EngineLaunch]]:
+def init_ray(config: EngineConfig) -> None:
+    """Join the cluster of config.parallel.ray_address (None: RAY_ADDRESS if set, else start a Ray of this
+    machine), unless this process already has. A server calls it on its main thread before it takes SIGTERM:
+    Ray's own handler, installed later, would abort the process instead of letting it drain."""
     try:
         import ray
     except ImportError:
         raise ValueError("data_parallel_backend ray needs Ray: pip install 'heron[ray]'.") from None
-    if not ray.is_initialized():  # None: RAY_ADDRESS if set, else a Ray of this machine
+    if not ray.is_initialized():
         ray.init(address=config.parallel.ray_address, include_dashboard=False)
+
+
+def _ray_launchers(config: EngineConfig, cpu_threads: int | None) -> list[Callable[[], EngineLaunch]]:
+    init_ray(config)
+    import ray
+
     on_gpu = config.device.startswith("cuda") or (config.device == "auto" and ray.cluster_resources().get("GPU", 0))
     resources = (
         dict(num_gpus=config.parallel.tensor_parallel_size, num_cpus=1) if on_gpu else dict(num_gpus=0, num_cpus=1)
