@@ -7,11 +7,12 @@ outputs in input order, are the same whatever the number of replicas; each finis
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from dataclasses import dataclass
 
-from heron.config import EngineConfig
+from heron.config import EngineConfig, resolve_device
 from heron.engine.async_llm import RequestStream
 from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.lora_request import LoRARequest
@@ -29,7 +30,7 @@ class ModelFacts:
 class DataParallelLLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._client = DataParallelAsyncLLM(config)
+        self._client = DataParallelAsyncLLM(config, _cpu_threads(config))
         info = self._client.info
         self.model_name, self.max_model_len, self.tokenizer = info.model_name, info.max_model_len, info.tokenizer
         self.generation_defaults = info.generation_defaults
@@ -97,3 +98,11 @@ class DataParallelLLMEngine:
     def shutdown(self) -> None:
         self._client.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _cpu_threads(config: EngineConfig) -> int | None:
+    """On the CPU, the cores shared out between the replicas (torch's default, a thread per core in each,
+    makes them fight for every core); None on a GPU."""
+    if resolve_device(config.device).type != "cpu":
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // config.parallel.data_parallel_size)
