@@ -226,6 +226,11 @@ class AsyncLLM:
         """The engine's snapshot after its latest step."""
         return self._stats
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not yet finished or closed (a data-parallel router's load)."""
+        return len(self._streams)
+
     def on_dead(self, callback: Callable[[BaseException], None]) -> None:
         """Call `callback(error)` (on the reader thread) when the engine dies; at once if it has."""
         self._death_callbacks.append(callback)

@@ -120,7 +120,7 @@ class DataParallelAsyncLLM:
             if self.dead is not None:
                 raise EngineDeadError(f"every engine replica has stopped: {self.dead!r}")
             for i, r in enumerate(self.replicas):  # the router's load: what each replica holds now
-                self.router.outstanding[i] = len(r._streams)
+                self.router.outstanding[i] = r.num_in_flight
                 self.router.kv_usage[i] = r.get_stats().kv_cache_usage
             replica = self.replicas[self.router.choose(hashes, user)]
             try:

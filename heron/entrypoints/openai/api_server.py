@@ -481,13 +481,13 @@ def run_server(args: argparse.Namespace) -> int:
     config = serve_engine_config(args)
     try:
         config.verify()
+        if config.parallel.data_parallel_size > 1 and config.parallel.data_parallel_backend == "ray":
+            from heron.engine.replica_launch import init_ray
+
+            init_ray(config)
     except ValueError as e:
         logger.error("%s", e)
         return 2
-    if config.parallel.data_parallel_size > 1 and config.parallel.data_parallel_backend == "ray":
-        from heron.engine.replica_launch import init_ray
-
-        init_ray(config)
     app = build_app(args, config)
     # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
     # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
