@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, EngineLaunch, RequestStream
@@ -87,11 +87,20 @@ class DataParallelAsyncLLM:
 
     def get_stats(self) -> EngineStats:
         """The replicas' stats summed (KV usage over all their blocks)."""
-        return sum_stats([r.get_stats() for r in self.replicas])
+        return sum_stats([stats for stats, _ in self.replica_stats()])
 
     def replica_stats(self) -> list[tuple[EngineStats, bool]]:
-        """Each replica's latest stats and whether it is alive."""
-        return [(r.get_stats(), alive) for r, alive in zip(self.replicas, self.router.alive)]
+        """Each replica's latest stats and whether it is alive. A dead one keeps its counters, but holds no
+        request and no cache any more."""
+        return [
+            (
+                r.get_stats()
+                if alive
+                else replace(r.get_stats(), num_running=0, num_waiting=0, kv_cache_usage=0.0, num_gpu_blocks=0),
+                alive,
+            )
+            for r, alive in zip(self.replicas, self.router.alive)
+        ]
 
     def on_dead(self, callback: Callable[[BaseException], None]) -> None:
         """Call `callback(error)` when the last replica has died."""
@@ -117,19 +126,18 @@ class DataParallelAsyncLLM:
             ids = await self.tokenize(prompt, add_special_tokens)
         hashes = block_hashes(ids, self.block_size) if ids is not None else []
         while True:
-            if self.dead is not None:
+            if self.dead is not None or not any(self.router.alive):
                 raise EngineDeadError(f"every engine replica has stopped: {self.dead!r}")
             for i, r in enumerate(self.replicas):  # the router's load: what each replica holds now
                 self.router.outstanding[i] = r.num_in_flight
                 self.router.kv_usage[i] = r.get_stats().kv_cache_usage
             replica = self.replicas[self.router.choose(hashes, user)]
             try:
+                text_ids = ids if isinstance(prompt, str) else None  # (made here, not to be made again)
                 return await replica.add_request(
-                    prompt, params, request_id, priority, add_special_tokens, lora_request, prompt_token_ids=ids
+                    prompt, params, request_id, priority, add_special_tokens, lora_request, prompt_token_ids=text_ids
                 )
-            except ReplicaDeadError:
-                if replica.dead is None:  # (it died later, after accepting: its caller has been told)
-                    raise
+            except ReplicaDeadError:  # it died before accepting the request: the request never ran there
                 self.router.remove(replica.index)
 
     async def generate(
