@@ -79,23 +79,26 @@ class DataParallelChecks:
         assert m["heron:prompt_tokens_total"] == sum(after)
 
     def test_same_system_prompt_same_replica(self, server):
-        # A long request keeps one replica busy, so that B's first request goes to the other; then B's
+        # A long stream keeps one replica busy, so that B's first request goes to the other; then B's
         # requests, one at a time on an idle server, follow its blocks there, though the least loaded (tied:
         # the lowest index) would be the first replica each time. The user's key keeps them there too.
+        aborted = server.metrics().get("heron:request_success_total{finished_reason=abort}", 0)
         with server.client().chat.completions.with_streaming_response.create(
             model=MODEL,
             messages=[{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Name a star."}],
-            max_tokens=24,
+            max_tokens=500,
             temperature=0,
             stream=True,
             extra_body={"ignore_eos": True},
-        ) as busy:
+        ):
             wait_for(lambda: server.metrics()["heron:num_requests_running"] == 1)
             before = replica_tokens(server)
             chat(server, SYSTEM_B, "How long do I boil an egg?")
             after = replica_tokens(server)
             home = next(i for i in range(2) if after[i] > before[i])
-            busy.read()
+        # The client hung up mid-stream: its replica aborts the request.
+        wait_for(lambda: server.metrics()["heron:request_success_total{finished_reason=abort}"] == aborted + 1)
+        assert server.metrics()["heron:num_requests_running"] == 0
         other = 1 - home
         before = replica_tokens(server)
         for question in ("How do I dice an onion?", "What is a roux?"):
