@@ -100,9 +100,10 @@ class _ActorProcess:
 
 
 def init_ray(config: EngineConfig) -> None:
-    """Join the cluster of config.parallel.ray_address (None: RAY_ADDRESS if set, else start a Ray of this
-    machine), unless this process already has. A server calls it on its main thread before it takes SIGTERM:
-    Ray's own handler, installed later, would abort the process instead of letting it drain."""
+    """Join the cluster of config.parallel.ray_address, as ray.init takes it (None: RAY_ADDRESS if set, else
+    the cluster this node runs, else a new Ray of this machine), unless this process already has. A server
+    calls it on its main thread before it takes SIGTERM: Ray's own handler, installed later, would abort the
+    process instead of letting it drain."""
     try:
         import ray
     except ImportError:

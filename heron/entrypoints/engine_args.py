@@ -103,8 +103,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ray-address",
         default=None,
-        help="the Ray cluster of --data-parallel-backend ray (`auto`: the one this node joined; default: "
-        "RAY_ADDRESS, else a Ray of this machine)",
+        help="the Ray cluster of --data-parallel-backend ray, as ray.init takes it (`auto`: the one this node "
+        "joined; `local`: start a new one here; default: RAY_ADDRESS, else the one this node runs, else a new one)",
     )
     g.add_argument(
         "--generation-config",

@@ -1,5 +1,6 @@
-"""`heron serve --data-parallel-size 2 --data-parallel-backend ray`: the server starts a Ray of this machine
-(no --ray-address, no RAY_ADDRESS) and places each replica in an actor: data_parallel_checks.py."""
+"""`heron serve --data-parallel-size 2 --data-parallel-backend ray`: the server starts a Ray of its own
+(`--ray-address local`: never one this machine may already run) and places each replica in an actor:
+data_parallel_checks.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def server():
-    srv = RemoteServer("--data-parallel-size", "2", "--data-parallel-backend", "ray", env={"RAY_ADDRESS": None})
+    srv = RemoteServer("--data-parallel-size", "2", "--data-parallel-backend", "ray", "--ray-address", "local")
     yield srv
     srv.stop()
 
