@@ -203,6 +203,25 @@ for s in $SECTIONS; do case $s in
     run serve-prefix-inf heron bench serve --base-url http://127.0.0.1:8012/v1 --endpoint /v1/chat/completions \
         "${W[@]}" --request-rate inf --disable-tqdm --label serve-prefix-qwen3-0.6b --save-result
     kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-prefix-server.log" ;;
+  serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
+    # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
+    M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 1024
+                                --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
+    for DP in 1 2; do
+      python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8012 \
+          --data-parallel-size $DP > "$OUT/serve-dp$DP-server.log" 2>&1 &
+      SERVER=$!
+      for _ in $(seq 300); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health')" 2>/dev/null && break
+        kill -0 $SERVER 2>/dev/null || break; sleep 1; done
+      run serve-dp$DP heron bench serve --base-url http://127.0.0.1:8012/v1 "${W[@]}" --request-rate inf \
+          --disable-tqdm --label serve-dp$DP-qwen3-0.6b --metadata data_parallel_size=$DP --save-result
+      kill -INT $SERVER; wait $SERVER; tail -3 "$OUT/serve-dp$DP-server.log"
+    done
+    run serve-dp2-ratio python3 -c "
+import json; r = 'benchmarks/results/serve-dp%d-qwen3-0.6b.json'; one, two = (json.load(open(r % n)) for n in (1, 2))
+two['metrics']['ratio_vs_one_replica'] = two['metrics']['output_tokens_per_s'] / one['metrics']['output_tokens_per_s']
+json.dump(two, open(r % 2, 'w'), indent=2); print('2 replicas / 1:', two['metrics']['ratio_vs_one_replica'])" ;;
 esac; done
 tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
 ls -la "$OUT"

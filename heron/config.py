@@ -179,10 +179,18 @@ class SchedulerConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks (GPUs) each layer is split over; one process per rank
+    # Engine replicas, each with its own tensor-parallel group, behind one router (heron/engine/data_parallel.py)
+    data_parallel_size: int = 1
+    data_parallel_backend: str = "mp"  # mp: local processes; ray: Ray actors (on a cluster: across its nodes)
+    ray_address: str | None = None  # the cluster to join (None: RAY_ADDRESS, else a local Ray)
 
     def verify(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {self.data_parallel_size}.")
+        if self.data_parallel_backend not in ("mp", "ray"):
+            raise ValueError(f"data_parallel_backend must be mp or ray, got {self.data_parallel_backend!r}.")
 
 
 @dataclass

@@ -140,6 +140,53 @@ class _EngineCollector(Collector):
         return info
 
 
+# The engine's gauges and counters again per data-parallel replica: (family type, name, help, EngineStats field).
+_PER_REPLICA = (
+    (GaugeMetricFamily, "num_requests_running", "Sequences running now on the replica.", "num_running"),
+    (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting or swapped out on the replica.", "num_waiting"),
+    (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of the replica's KV-cache blocks in use.", "kv_cache_usage"),
+    (CounterMetricFamily, "prompt_tokens", "Prompt tokens the replica received.", "prompt_tokens"),
+    (CounterMetricFamily, "generation_tokens", "Tokens the replica generated.", "generation_tokens"),
+    (CounterMetricFamily, "num_preemptions", "Sequences the replica preempted.", "num_preemptions"),
+    (
+        CounterMetricFamily,
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the replica's prefix cache.",
+        "prefix_cache_queries",
+    ),
+    (
+        CounterMetricFamily,
+        "prefix_cache_hits",
+        "Prompt tokens found in the replica's prefix cache.",
+        "prefix_cache_hits",
+    ),
+)
+
+
+class _ReplicaCollector(Collector):
+    """Data parallelism: each replica's gauges and counters under `heron:replica_<name>` with a `replica` label,
+    and `heron:replica_up` (1 alive, 0 dead). The unprefixed families hold their sums, as with one engine, so
+    dashboards read the same names whatever the number of replicas."""
+
+    def __init__(self, model_name: str, replica_stats: Callable[[], list[tuple[EngineStats, bool]]]) -> None:
+        self.model_name = model_name
+        self.replica_stats = replica_stats
+
+    def collect(self) -> Iterator[Metric]:
+        replicas = self.replica_stats()
+        up = GaugeMetricFamily(
+            "heron:replica_up", "1 while the replica serves, 0 once it has died.", labels=["model_name", "replica"]
+        )
+        for i, (_, alive) in enumerate(replicas):
+            up.add_metric([self.model_name, str(i)], float(alive))
+        yield up
+        for cls, name, doc, field in _PER_REPLICA:
+            family = cls(f"heron:replica_{name}", doc, labels=["model_name", "replica"])
+            for i, (stats, _) in enumerate(replicas):
+                family.add_metric([self.model_name, str(i)], getattr(stats, field))
+            yield family
+
+
 class _Renamed(Collector):
     """Every `heron:` family of `source` once more under `prefix` (samples and all); the rest only once."""
 
@@ -168,12 +215,16 @@ class ServerMetrics:
         cache_info: dict[str, str] | None = None,
         compat: str | None = None,
         max_lora: int | None = None,
+        replica_stats: Callable[[], list[tuple[EngineStats, bool]]] | None = None,
     ) -> None:
         """`max_lora`: the engine's LoRA slots (--max-loras) when it serves adapters, else None (no LoRA
-        metric)."""
+        metric); `stats`: the engine's (with data parallelism, the replicas' summed); `replica_stats`: each
+        replica's and whether it is alive, with data parallelism only."""
         disable_created_metrics()  # as vLLM: no `_created` series beside every histogram (process-wide)
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(model_name, stats, admitted_waiting, cache_info or {}, max_lora))
+        if replica_stats is not None:
+            self.registry.register(_ReplicaCollector(model_name, replica_stats))
         for process_collector in (ProcessCollector, PlatformCollector, GCCollector):
             process_collector(registry=self.registry)
         self.exposition = CollectorRegistry(auto_describe=False)

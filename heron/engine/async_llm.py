@@ -22,7 +22,8 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from multiprocessing.connection import Connection
+from typing import Protocol, TypeVar
 
 from heron.config import EngineConfig
 from heron.engine.engine_core import run_engine_core
@@ -57,6 +58,43 @@ T = TypeVar("T")
 # from a thread. One thread, so that concurrent long prompts queue instead of each holding its encoding's
 # memory at once.
 TOKENIZE_INLINE_CHARS = 20_000
+
+
+class EngineProcess(Protocol):
+    """Where the engine runs, as AsyncLLM watches it: a local process (multiprocessing.Process), or a Ray actor
+    (heron/engine/ray_replica.py)."""
+
+    exitcode: int | str | None
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def terminate(self) -> None: ...
+
+
+# An engine started: where it runs, the commands' write end, the events' read end; `Ready` is the first event.
+EngineLaunch = tuple[EngineProcess, Connection, Connection]
+
+
+def spawn_engine_process(
+    config: EngineConfig, cpu_threads: int | None, env: dict[str, str] | None = None
+) -> EngineLaunch:
+    """The engine in a local process over two pipes; `env` is set there before the model loads (a replica's
+    CUDA_VISIBLE_DEVICES)."""
+    ctx = multiprocessing.get_context("spawn")
+    commands_child, commands = ctx.Pipe(duplex=False)  # (read end, write end)
+    events, events_child = ctx.Pipe(duplex=False)
+    _widen(events)
+    # Not a daemon: the engine process may start tensor-parallel workers of its own.
+    proc = ctx.Process(
+        target=run_engine_core, args=(config, commands_child, events_child, cpu_threads, env), name="heron-engine"
+    )
+    proc.start()
+    logger.info("Engine process started (pid %d)", proc.pid)
+    commands_child.close()
+    events_child.close()
+    return proc, commands, events
 
 
 class EngineDeadError(RuntimeError):
@@ -153,23 +191,17 @@ class RequestStream:
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, cpu_threads: int | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, cpu_threads: int | None = None, launch: Callable[[], EngineLaunch] | None = None
+    ) -> None:
         """Start the engine process and wait until its model is loaded; a failure to load raises here.
-        `cpu_threads`: torch's thread count in the engine process (None: torch's default)."""
-        ctx = multiprocessing.get_context("spawn")
-        commands_child, self._commands = ctx.Pipe(duplex=False)  # (read end, write end)
-        self._events, events_child = ctx.Pipe(duplex=False)
-        _widen(self._events)
+        `cpu_threads`: torch's thread count in the engine process (None: torch's default). `launch`: how to
+        start it elsewhere (a data-parallel replica: heron/engine/replica_launch.py); default a local process."""
+        launch = launch or functools.partial(spawn_engine_process, config, cpu_threads)
+        self._proc, self._commands, self._events = launch()
         self._stopping = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # Not a daemon: the engine process may start tensor-parallel workers of its own.
-        self._proc = ctx.Process(
-            target=run_engine_core, args=(config, commands_child, events_child, cpu_threads), name="heron-engine"
-        )
-        self._proc.start()
-        logger.info("Engine process started (pid %d)", self._proc.pid)
-        commands_child.close()
-        events_child.close()
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="heron-tokenize")
         atexit.register(self.shutdown)
         try:
             ready = self._events.recv()
@@ -189,7 +221,6 @@ class AsyncLLM:
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._stats = EngineStats()
         self._streams: dict[str, RequestStream] = {}
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="heron-tokenize")
         self._writer = threading.Thread(target=self._write, name="heron-engine-writer", daemon=True)
         self._reader = threading.Thread(target=self._read, name="heron-engine-reader", daemon=True)
         self._writer.start()
@@ -202,6 +233,11 @@ class AsyncLLM:
     def get_stats(self) -> EngineStats:
         """The engine's snapshot after its latest step."""
         return self._stats
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not yet finished or closed (a data-parallel router's load)."""
+        return len(self._streams)
 
     def on_dead(self, callback: Callable[[BaseException], None]) -> None:
         """Call `callback(error)` (on the reader thread) when the engine dies; at once if it has."""
@@ -218,12 +254,17 @@ class AsyncLLM:
         add_special_tokens: bool = True,
         lora_request: LoRARequest | None = None,
         pooling_params: PoolingParams | None = None,
+        user: str | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> RequestStream:
         """Send a request to the engine and return its stream once the engine has accepted it. Its rejection
         raises ValueError (the message starts with the field at fault); a dead engine EngineDeadError.
-        Cancelled while waiting, the request is aborted."""
+        Cancelled while waiting, the request is aborted. `user`: the session, for a data-parallel router
+        (one engine ignores it); `prompt_token_ids`: a text prompt's ids when the caller has made them."""
         text = prompt if isinstance(prompt, str) else None
-        prompt_ids = None if text is None else await self.tokenize(text, add_special_tokens)
+        prompt_ids = prompt_token_ids
+        if text is not None and prompt_ids is None:
+            prompt_ids = await self.tokenize(text, add_special_tokens)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         # The engine never sends the prompt back: its outputs take it from here.
@@ -234,7 +275,7 @@ class AsyncLLM:
         # stream it missed sees `dead` here.
         if self.dead is not None:
             self._unregister(stream)
-            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+            raise self._dead_error(self.dead)
         self._outbox.put(
             AddRequest(
                 request_id, prompt, prompt_ids, params, priority, add_special_tokens, lora_request, pooling_params
@@ -256,7 +297,7 @@ class AsyncLLM:
         self._streams[request_id] = stream
         if self.dead is not None:
             self._unregister(stream)
-            raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
+            raise self._dead_error(self.dead)
         self._outbox.put(AddLoRA(request_id, lora_request))
         try:
             await stream.accepted()
@@ -338,6 +379,10 @@ class AsyncLLM:
                 stream._ended = True
                 self.abort(stream.request_id)
 
+    def _dead_error(self, error: BaseException) -> EngineDeadError:
+        """What callers get once the engine has died of `error`."""
+        return EngineDeadError(f"the engine has stopped: {error!r}")
+
     def _unregister(self, stream: RequestStream) -> None:
         if self._streams.get(stream.request_id) is stream:
             del self._streams[stream.request_id]
@@ -393,7 +438,7 @@ class AsyncLLM:
         self.dead = error
         logger.error("the engine has stopped: %s", error)
         for stream in list(self._streams.values()):
-            _post(stream.loop, stream._fail, EngineDeadError(f"the engine has stopped: {error!r}"))
+            _post(stream.loop, stream._fail, self._dead_error(error))
         for callback in self._death_callbacks:
             _call_quietly(callback, error)
 

@@ -5,7 +5,9 @@ and writes are in messages.py."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 import traceback
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -32,10 +34,16 @@ logger = logging.getLogger(__name__)
 
 
 def run_engine_core(
-    config: EngineConfig, commands: Connection, events: Connection, cpu_threads: int | None = None
+    config: EngineConfig,
+    commands: Connection,
+    events: Connection,
+    cpu_threads: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """The engine process's main: load, announce, then serve the pipes until told to stop or the API
-    process goes away (end of file). `cpu_threads`: torch's thread count here (None: torch's default)."""
+    process goes away (end of file). `cpu_threads`: torch's thread count here (None: torch's default);
+    `env`: variables to set before the model loads (a data-parallel replica's CUDA_VISIBLE_DEVICES)."""
+    os.environ.update(env or {})
     import torch
 
     from heron.engine.llm_engine import LLMEngine
@@ -45,7 +53,8 @@ def run_engine_core(
         torch.set_num_threads(cpu_threads)
     # Ctrl-C reaches the whole process group: the API process decides when the engine stops (it drains
     # requests first), and tells it with Shutdown or by closing the pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # (a Ray actor may run this on another thread)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = None
     try:
         engine = LLMEngine(config)
@@ -57,6 +66,7 @@ def run_engine_core(
             engine.model_cfg.vocab_size,
             config.scheduler.max_num_seqs,
             config.model.runner,
+            engine.get_stats().num_gpu_blocks,
         )
         events.send(Ready(info))
         _serve(engine, commands, events)

@@ -91,6 +91,7 @@ class ServingInfo:
     vocab_size: int  # the model's (token ids and logit_bias keys must be below it)
     max_num_seqs: int  # a request's n samples must fit in one batch
     runner: str = "generate"  # "pooling": the engine takes embedding requests only
+    num_gpu_blocks: int = 0  # the KV cache's size in blocks (what a data-parallel router remembers per replica)
 
 
 @dataclass

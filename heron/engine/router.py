@@ -13,6 +13,11 @@ A router sees each request's prompt as the chained hashes of its full KV blocks 
   sessions), else the least loaded. A cache hit is not worth a queue: when the chosen replica has more than
   `slack` requests outstanding beyond the least loaded one, the least loaded takes the request instead.
 
+Load is what the router knows at once: the requests it sent to a replica and that have not finished (waiting or
+running there), ties broken by the replica's KV-cache usage as its last step reported it (`kv_usage`, kept by the
+caller; a step old, so a burst is spread by the counts, not by it). A replica whose KV cache is full
+(`KV_FULL`) counts as overloaded too. A replica that died is `remove`d: no policy picks it again.
+
 Finding the least loaded replica is a scan over replicas (O(replicas), a few microseconds at 256), never
 over requests.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+
+KV_FULL = 0.95  # KV-cache usage from which a replica's cache hit no longer outweighs its queue
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -41,8 +48,13 @@ class Router(ABC):
             raise ValueError(f"num_replicas must be at least 1, got {num_replicas}.")
         self.num_replicas = num_replicas
         self.outstanding = [0] * num_replicas
+        self.kv_usage = [0.0] * num_replicas
+        self.alive = [True] * num_replicas
+        self._alive_mask = (1 << num_replicas) - 1
 
     def choose(self, hashes: Sequence[Hashable], user: str | None = None) -> int:
+        if not self._alive_mask:
+            raise RuntimeError("no replica is alive.")
         replica = self._pick(hashes, user)
         self.outstanding[replica] += 1
         return replica
@@ -50,8 +62,16 @@ class Router(ABC):
     def finished(self, replica: int) -> None:
         self.outstanding[replica] -= 1
 
+    def remove(self, replica: int) -> None:
+        """Take a dead replica out of rotation, for good."""
+        self.alive[replica] = False
+        self._alive_mask &= ~(1 << replica)
+
     def least_loaded(self) -> int:
-        return min(range(self.num_replicas), key=self.outstanding.__getitem__)
+        return min(_bits(self._alive_mask), key=self._load)
+
+    def _load(self, replica: int) -> tuple[int, float]:
+        return self.outstanding[replica], self.kv_usage[replica]
 
     @abstractmethod
     def _pick(self, hashes: Sequence[Hashable], user: str | None) -> int: ...
@@ -64,6 +84,8 @@ class RoundRobin(Router):
 
     def _pick(self, hashes: Sequence[Hashable], user: str | None) -> int:
         self._next = (self._next + 1) % self.num_replicas
+        while not self.alive[self._next]:
+            self._next = (self._next + 1) % self.num_replicas
         return self._next
 
 
@@ -83,21 +105,28 @@ class CacheAware(Router):
     def _pick(self, hashes: Sequence[Hashable], user: str | None) -> int:
         least = self.least_loaded()
         matched = 0
+        alive = self._alive_mask
         for h in hashes:  # narrow the holders of the prompt's first k blocks, for k = 1, 2, ...
-            narrowed = self._holders.get(h, 0) & (matched or -1)
+            narrowed = self._holders.get(h, 0) & (matched or alive)
             if not narrowed:
                 break
             matched = narrowed
         if matched:
-            replica = min(_bits(matched), key=self.outstanding.__getitem__)
-        elif user is not None and user in self._sessions:
-            replica = self._sessions[user]
+            replica = min(_bits(matched), key=self._load)
+        elif user is not None and self.alive[self._sessions.get(user, least)]:
+            replica = self._sessions.get(user, least)
         else:
             replica = least
-        if self.outstanding[replica] > self.outstanding[least] + self.slack:
+        if self._overloaded(replica, least):
             replica = least
         self._remember(replica, hashes, user)
         return replica
+
+    def _overloaded(self, replica: int, least: int) -> bool:
+        """`replica` should give way to the least loaded one."""
+        if self.outstanding[replica] > self.outstanding[least] + self.slack:
+            return True
+        return self.kv_usage[replica] >= KV_FULL > self.kv_usage[least]
 
     def _remember(self, replica: int, hashes: Sequence[Hashable], user: str | None) -> None:
         lru, bit = self._lru[replica], 1 << replica

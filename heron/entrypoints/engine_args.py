@@ -93,6 +93,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="split each layer over this many GPUs (one process per GPU; gloo over CPU processes)",
     )
     g.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engine replicas, each with its own -tp GPUs, behind one prefix-cache-aware router (docs/scaling.md)",
+    )
+    g.add_argument(
+        "--data-parallel-backend",
+        choices=["mp", "ray"],
+        default="mp",
+        help="where the replicas run: mp, local processes; ray, Ray actors over a cluster's nodes",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster of --data-parallel-backend ray, as ray.init takes it (`auto`: the one this node "
+        "joined; `local`: start a new one here; default: RAY_ADDRESS, else the one this node runs, else a new one)",
+    )
+    g.add_argument(
         "--generation-config",
         default="auto",
         help="default sampling parameters: auto: the model's generation_config.json; vllm: none "
@@ -183,7 +202,12 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             policy=args.scheduling_policy,
         ),
-        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
+        parallel=ParallelConfig(
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            data_parallel_backend=args.data_parallel_backend,
+            ray_address=args.ray_address,
+        ),
         lora=LoRAConfig(args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras),
         device=args.device,
         attention_backend=args.attention_backend,

@@ -57,6 +57,8 @@ class LLM:
         chat_template: str | None = None,
         load_format: str = "auto",
         tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        data_parallel_backend: str = "mp",
         quantization: str | None = None,
         trust_remote_code: bool = False,
         enable_lora: bool = False,
@@ -71,7 +73,9 @@ class LLM:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
         every architecture it supports, never code from the model's folder. `runner="pooling"` (or vLLM's
         older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
-        (`override_pooler_config`: its older name)."""
+        (`override_pooler_config`: its older name). `data_parallel_size` > 1: that many engine replicas
+        (`data_parallel_backend` mp: local processes; ray: Ray actors, on the cluster of RAY_ADDRESS or a Ray
+        already initialized) share the prompts; outputs still come in input order."""
         del trust_remote_code
         config = EngineConfig(
             model=ModelConfig(
@@ -96,7 +100,11 @@ class LLM:
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy
             ),
-            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            parallel=ParallelConfig(
+                tensor_parallel_size=tensor_parallel_size,
+                data_parallel_size=data_parallel_size,
+                data_parallel_backend=data_parallel_backend,
+            ),
             lora=LoRAConfig(enable_lora, max_loras, max_lora_rank, max_cpu_loras),
             device=device,
             attention_backend=attention_backend,
@@ -113,7 +121,13 @@ class LLM:
         return llm
 
     def _start(self, config: EngineConfig) -> None:
-        self.engine = LLMEngine(config)
+        if config.parallel.data_parallel_size > 1:
+            from heron.engine.data_parallel_engine import DataParallelLLMEngine
+
+            config.verify()
+            self.engine = DataParallelLLMEngine(config)
+        else:
+            self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
     def shutdown(self) -> None:

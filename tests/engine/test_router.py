@@ -79,3 +79,26 @@ def test_cost_per_request_does_not_grow_with_requests(replicas):
 
     early, late = run(prompts[:2000]), run(prompts[2000:])
     assert late < 3 * early  # the same work costs the same later, whatever was routed before
+
+
+def test_removed_replicas_are_never_picked():
+    prompt = block_hashes(list(range(64)), 16)
+    for router in (RoundRobin(3), LeastLoaded(3), CacheAware(3, cache_blocks=100)):
+        home = router.choose(prompt, user="u")
+        router.remove(home)
+        picks = {router.choose(prompt, user="u") for _ in range(6)}  # its blocks, its session: elsewhere now
+        assert home not in picks and len(picks) >= 1
+    router = CacheAware(2, cache_blocks=100)
+    router.remove(0)
+    router.remove(1)
+    with pytest.raises(RuntimeError, match="no replica"):
+        router.choose(prompt)
+
+
+def test_a_full_kv_cache_gives_way():
+    router = CacheAware(2, cache_blocks=100)
+    prompt = block_hashes(list(range(64)), 16)
+    home = router.choose(prompt)
+    router.finished(home)
+    router.kv_usage[home] = 0.99  # the home's cache is full, the other's is not: a hit is not worth the wait
+    assert router.choose(prompt) == 1 - home

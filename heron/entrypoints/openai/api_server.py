@@ -29,7 +29,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,6 +37,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
 from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
+from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.errors import ApiError, api_error
 from heron.entrypoints.openai.field_policy import refusal
@@ -91,7 +92,7 @@ class ServerState:
     metrics: ServerMetrics
     admission: Admission
     stop: Callable[[int], None] = lambda exit_code: None  # ask the server to exit with this code (on the loop)
-    engine: AsyncLLM | None = None
+    engine: AsyncLLM | DataParallelAsyncLLM | None = None
     limits: RequestLimits | None = None
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
@@ -102,7 +103,7 @@ class ServerState:
     loader: threading.Thread | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def attach(self, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+    def attach(self, engine: AsyncLLM | DataParallelAsyncLLM, models: OpenAIServingModels) -> None:
         """On the event loop, once the model (and its --lora-modules adapters) have loaded."""
         self.limits = RequestLimits.of(engine.info, self.args.max_seqs_per_request)
         self.models = models
@@ -182,9 +183,15 @@ def _serving(raw: Request, api: str, runner: str = "generate") -> ServerState:
 
 @router.get("/health", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
 async def health(raw: Request) -> Response:
-    """200 once the model is loaded and the engine runs; 503 before, and after the engine died."""
-    _ready(raw)
-    return Response(status_code=200)
+    """200 once the model is loaded and the engine runs; 503 before, and after the engine died. With
+    data-parallel replicas, 200 while any serves, with a body saying which (`degraded` when some died: the
+    server still answers, so a load balancer keeps it), and 503 once all have died."""
+    s = _ready(raw)
+    if not isinstance(s.engine, DataParallelAsyncLLM):
+        return Response(status_code=200)
+    alive = s.engine.health()
+    status = "ok" if all(alive) else "degraded"
+    return JSONResponse({"status": status, "replicas": [{"replica": i, "alive": a} for i, a in enumerate(alive)]})
 
 
 @router.get("/ping", response_class=Response, responses={200: {"content": None}, 503: {"model": ErrorResponse}})
@@ -404,6 +411,9 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
             cache_info={k: str(v) for k, v in asdict(config.cache).items()},
             compat=args.metrics_compat,
             max_lora=config.lora.max_loras if config.lora.enable_lora else None,
+            replica_stats=(lambda: state.engine.replica_stats() if state.engine else [])
+            if config.parallel.data_parallel_size > 1
+            else None,
         ),
         admission=admission,
     )
@@ -415,7 +425,8 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
 
         def load() -> None:
             try:
-                engine = AsyncLLM.from_config(config, cpu_threads=cpu_threads)
+                engine_class = DataParallelAsyncLLM if config.parallel.data_parallel_size > 1 else AsyncLLM
+                engine = engine_class.from_config(config, cpu_threads=cpu_threads)
                 models = OpenAIServingModels(engine, names)
                 for m in args.lora_modules or []:  # read and checked by the engine, on the loop
                     add = models.load_lora_adapter(m.name, m.path, m.base_model_name)
@@ -539,6 +550,10 @@ def run_server(args: argparse.Namespace) -> int:
     config = serve_engine_config(args)
     try:
         config.verify()
+        if config.parallel.data_parallel_size > 1 and config.parallel.data_parallel_backend == "ray":
+            from heron.engine.replica_launch import init_ray
+
+            init_ray(config)
     except ValueError as e:
         logger.error("%s", e)
         return 2

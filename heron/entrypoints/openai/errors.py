@@ -9,6 +9,7 @@ import logging
 from fastapi.responses import Response
 
 from heron.engine.async_llm import EngineDeadError, RequestAbortedError
+from heron.engine.data_parallel import ReplicaDeadError
 from heron.entrypoints.openai.admission import RETRY_AFTER_S, Overloaded
 from heron.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingRequest
 
@@ -59,6 +60,8 @@ def api_error(e: BaseException, prompt_param: str = "prompt", max_tokens_param: 
         field = str(e).split(" ", 1)[0]
         param = max_tokens_param if field == "max_tokens" else field if field in _SAMPLING_FIELDS else prompt_param
         return ApiError(400, str(e), param=param)
+    if isinstance(e, ReplicaDeadError):
+        return ApiError(503, f"{e}: retry the request.", code="replica_dead")
     if isinstance(e, EngineDeadError):
         return ApiError(503, f"{e}; the server is exiting so that its supervisor restarts it.", code="engine_dead")
     if isinstance(e, RequestAbortedError):

@@ -26,7 +26,8 @@ def serve_engine_config(args: argparse.Namespace) -> EngineConfig:
 def engine_cpu_threads(args: argparse.Namespace, config: EngineConfig) -> int | None:
     """Torch's thread count for the engine process on the CPU (None on a GPU: torch's default), chosen
     deliberately: torch's default of one thread per core makes the engine's threads fight the HTTP side
-    (and each other, on a busy machine) for cores, and a descheduled thread stalls every step."""
+    (and each other, on a busy machine) for cores, and a descheduled thread stalls every step. With
+    data-parallel replicas, the count is each one's."""
     if resolve_device(config.device).type != "cpu":
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -35,7 +36,9 @@ def engine_cpu_threads(args: argparse.Namespace, config: EngineConfig) -> int | 
     elif os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         threads, why = int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
     else:
-        threads, why = max(1, min(4, cores - 1)), f"the default min(4, cores - 1) of {cores} cores"
+        dp = config.parallel.data_parallel_size  # replicas share the cores: each gets its part
+        threads, why = max(1, min(4, cores - 1) // dp), f"the default min(4, cores - 1) of {cores} cores"
+        why += f", shared by {dp} replicas" if dp > 1 else ""
     logger.info("The engine runs torch on %d CPU thread(s) (%s; set --cpu-threads to change it)", threads, why)
     return threads
 

@@ -69,6 +69,7 @@ class OpenAIServingChat(OpenAIServing):
             prompt_param="messages",
             max_tokens_param=max_param,
             model=model,
+            user=req.user,
         )
         if req.stream:
             created = int(time.time())

@@ -37,6 +37,7 @@ class OpenAIServingCompletion(OpenAIServing):
             add_special_tokens=req.add_special_tokens,
             prompt_param="prompt",
             model=model,
+            user=req.user,
         )
         head = CompletionResponse(id=request_id, model=model, choices=[])
         sent: dict[int, int] = {}  # choice index -> characters so far (echoed prompt included)

@@ -334,10 +334,11 @@ class OpenAIServing:
         prompt_param: str,
         max_tokens_param: str = "max_tokens",
         model: str | None = None,
+        user: str | None = None,
     ) -> RequestGroup:
         """Check the request's size, take its places in the waiting queue (503 when full), submit its
         first prompts and return once the engine has accepted them. `model`: the request's checked model name,
-        which picks its LoRA adapter, if it names one."""
+        which picks its LoRA adapter, if it names one; `user` keeps a session on one data-parallel replica."""
         if (too_many := self.limits.check_seqs(len(prompts), params.n)) is not None:
             field, why = too_many
             raise ApiError(400, why, param=prompt_param if field == "prompt" else field)
@@ -360,6 +361,7 @@ class OpenAIServing:
             priority=priority,
             add_special_tokens=add_special_tokens,
             lora_request=self.models.lora_request(model) if model is not None else None,
+            user=user,
         )
         head = [asyncio.ensure_future(submit(p, request_id=rid)) for p, rid in zip(prompts, ids[:WAITING_PER_REQUEST])]
         try:

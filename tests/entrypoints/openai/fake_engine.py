@@ -95,7 +95,7 @@ class FakeEngine:
         return EngineDeadError(f"the engine has stopped: {error!r}")
 
     async def add_request(
-        self, prompt, params, request_id, priority=0, add_special_tokens=True, lora_request=None
+        self, prompt, params, request_id, priority=0, add_special_tokens=True, lora_request=None, user=None
     ) -> FakeStream:
         if self.dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self.dead!r}")
