@@ -49,7 +49,8 @@ def test_run_batch_over_replicas(dp_llm, one_engine, tmp_path):
     ]
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
     with open(dst, "w", encoding="utf-8") as out:
-        summary = run_batch(dp_llm, str(src), out, set(), progress=False)
+        # run-batch's engine with -dp 2 is the replicas' front (DataParallelAsyncLLM), as under the offline LLM
+        summary = run_batch(dp_llm.engine._client, str(src), out, set(), progress=False)
     assert (summary.written, summary.errors) == (len(PROMPTS), 0)
     results = {x["custom_id"]: x["response"]["body"] for x in map(json.loads, dst.read_text().splitlines())}
     for i, p in enumerate(PROMPTS):

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from heron.engine.async_llm import AsyncLLM
+from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.api_server import validation_error
 from heron.entrypoints.openai.errors import ApiError, api_error
@@ -91,7 +92,7 @@ class Summary:
 class BatchRunner:
     """Answers lines with the server's routes: its request models, then its handlers over `engine`."""
 
-    def __init__(self, engine: AsyncLLM) -> None:
+    def __init__(self, engine: AsyncLLM | DataParallelAsyncLLM) -> None:
         self.engine = engine
         names = [engine.model_name]
         admission = Admission(None)  # the window of lines in flight is the only queue
@@ -147,7 +148,9 @@ class BatchRunner:
             return Answer(line, error.status, json.loads(error.body()))
 
 
-def run_batch(engine: AsyncLLM, input_file: str, out: TextIO, done: set[str], progress: bool = True) -> Summary:
+def run_batch(
+    engine: AsyncLLM | DataParallelAsyncLLM, input_file: str, out: TextIO, done: set[str], progress: bool = True
+) -> Summary:
     """Run every line of `input_file` whose custom_id is not in `done`, writing each result line to `out`
     (flushed) as it finishes."""
     return asyncio.run(_run(BatchRunner(engine), input_file, out, done, progress))

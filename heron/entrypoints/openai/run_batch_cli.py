@@ -33,12 +33,14 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from heron.engine.async_llm import AsyncLLM
+    from heron.engine.data_parallel import DataParallelAsyncLLM
     from heron.entrypoints.engine_args import engine_config
     from heron.entrypoints.openai.run_batch import resume_output, run_batch
     from heron.entrypoints.openai.server_config import engine_cpu_threads
 
     config = engine_config(args)
-    engine = AsyncLLM.from_config(config, cpu_threads=engine_cpu_threads(args, config))
+    engine_class = DataParallelAsyncLLM if config.parallel.data_parallel_size > 1 else AsyncLLM
+    engine = engine_class.from_config(config, cpu_threads=engine_cpu_threads(args, config))
     done = resume_output(args.output_file) if args.resume else set()
     try:
         with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
