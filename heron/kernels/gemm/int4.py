@@ -109,7 +109,9 @@ def int4_linear(
     group_size = k // weight_scale.shape[1]
     cfg = _config(m, n, k, group_size)
     split = cfg["SPLIT_K"]
-    out = torch.empty((split, m, n) if split > 1 else (m, n), device=x.device, dtype=torch.float32 if split > 1 else x.dtype)
+    out = torch.empty(
+        (split, m, n) if split > 1 else (m, n), device=x.device, dtype=torch.float32 if split > 1 else x.dtype
+    )
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
     _w4a16_kernel[grid](
         x2,
