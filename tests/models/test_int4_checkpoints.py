@@ -300,3 +300,46 @@ def test_gptq_act_order_g_idx_is_refused(checkpoints, tmp_path):
     save_file(sd, path / "model.safetensors")
     with pytest.raises(ValueError, match="up_proj.g_idx.*act-order"):
         LLM(str(path), kv_cache_memory=16 << 20, max_model_len=256, device="cpu")
+
+
+def test_two_ranks_give_the_int4_logits_of_one(checkpoints, spawn_ranks):
+    """GPTQ with zero points split over two gloo ranks: q/k/v and gate/up by rows (each part's scales and zeros
+    with them), o and down by whole groups of inputs (o_proj's 64 inputs: one group of 32 per rank)."""
+    from tests.models.test_tensor_parallel import _logits, _tp_logits
+
+    path = checkpoints["gptq"][0]
+    expected = _logits(path, False, 49152)
+    spawn_ranks(_tp_logits, path, False, 49152, expected)
+
+
+def test_a_row_parallel_split_inside_a_group_is_refused(monkeypatch):
+    from heron.distributed import parallel_state
+    from heron.layers.linear import RowParallelLinear
+
+    monkeypatch.setattr(parallel_state, "_world_size", 2)
+    with torch.device("meta"):
+        RowParallelLinear(64, 8, bias=False).use_int4(32, zero_point=True)  # 32 inputs per rank: one group
+        with pytest.raises(ValueError, match="group_size 32 does not split a projection's 16 inputs"):
+            RowParallelLinear(32, 8, bias=False).use_int4(32, zero_point=True)
+
+
+def test_lora_on_an_int4_model_is_refused(checkpoints):
+    with pytest.raises(ValueError, match="enable_lora with an int4"):
+        LLM(checkpoints["awq"][0], kv_cache_memory=16 << 20, max_model_len=256, device="cpu", enable_lora=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["awq", "ct-sym"])
+def test_cuda_int4_engine_matches_cpu_reference(fmt, checkpoints):
+    """The door's W4A16 Triton kernel (bf16 activations) against the CPU's float32 reference."""
+    from transformers import AutoTokenizer
+
+    path = checkpoints[fmt][0]
+    ids = AutoTokenizer.from_pretrained(path)(PROMPT).input_ids
+    cpu_llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, device="cpu")
+    gpu_llm = LLM(path, kv_cache_memory=16 << 20, max_model_len=256, dtype="bfloat16")
+    for prompt in (ids, ids * 5):  # 9 rows: the split-K decode tiles; 45: the prefill tiles
+        cpu, gpu = _heron_logits(cpu_llm, prompt), _heron_logits(gpu_llm, prompt).cpu()
+        # bf16 activations on a random model that amplifies them: a gross error (a wrong nibble order, a
+        # transposed operand, a missing zero point) is ~1
+        assert (gpu - cpu).norm() / cpu.norm() < 0.1
