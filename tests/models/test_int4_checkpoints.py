@@ -323,6 +323,16 @@ def test_a_row_parallel_split_inside_a_group_is_refused(monkeypatch):
             RowParallelLinear(32, 8, bias=False).use_int4(32, zero_point=True)
 
 
+def test_dummy_int4_weights_are_random_nibbles_of_small_weights(checkpoints):
+    """`--load-format dummy` on an int4 config (the H200 benchmarks' random weights in the real shapes)."""
+    llm = LLM(checkpoints["awq"][0], kv_cache_memory=16 << 20, max_model_len=256, device="cpu", load_format="dummy")
+    gate_up = llm.engine.runner.model.layers[0].mlp.gate_up_proj
+    assert gate_up.is_int4 and gate_up.weight_zero_point is not None
+    assert 0.015 < _layer_weight(gate_up).std() < 0.025
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
+
+
 def test_lora_on_an_int4_model_is_refused(checkpoints):
     with pytest.raises(ValueError, match="enable_lora with an int4"):
         LLM(checkpoints["awq"][0], kv_cache_memory=16 << 20, max_model_len=256, device="cpu", enable_lora=True)
