@@ -1,16 +1,19 @@
-"""FP8 (e4m3) W8A8 weights: which checkpoints hold them, which layers take them, and online quantization.
+"""Quantized weights: which checkpoints hold them, which layers take them, and online quantization.
 
-Three sources, one layout in memory (heron/layers/linear.py `use_fp8`: float8 weight, float32 scale per output
-row; the matmul door's FP8 GEMM with per-token activation scales):
+FP8 (e4m3) W8A8, three sources, one layout in memory (heron/layers/linear.py `use_fp8`: float8 weight, float32
+scale per output row; the matmul door's FP8 GEMM with per-token activation scales):
 - compressed-tensors (`quant_method: compressed-tensors`, format float-quantized, 8-bit float weights per
   channel or per tensor): `weight` + `weight_scale` per layer, the `ignore` list left in 16 bits;
 - HF / vLLM `quant_method: fp8` (per-tensor `weight_scale`, `ignored_layers` / `modules_to_not_convert`);
 - `--quantization fp8` on a 16/32-bit checkpoint: each projection's rows quantized as they stream in.
 A checkpoint's static `input_scale` is dropped: activations are always scaled per token, at run time.
+Int4 weight-only (W4A16), read from AWQ (GEMM), GPTQ (`desc_act: false`) and compressed-tensors pack-quantized
+checkpoints, never made here: each format's tensors converted to one layout as they stream in
+(int4_formats.py; heron/layers/linear.py `use_int4`), the ignore list (`modules_to_not_convert`) left in 16 bits.
 Every column/row-parallel projection is quantized (attention's q/k/v and o, the MLP's); the embedding, LM head,
-norms and an MoE router stay as they are. Mixture-of-experts models are refused (their experts would need an
-FP8 fused-MoE kernel). `--load-format dummy`'s random weights are made here too, FP8 ones quantized as online
-quantization would.
+norms and an MoE router stay as they are. Mixture-of-experts models are refused (their experts would need a
+quantized fused-MoE kernel). `--load-format dummy`'s random weights are made here too, FP8 ones quantized as
+online quantization would, int4 ones random nibbles.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def _gptq_config(qc: dict[str, Any]) -> QuantizationConfig:
 
 
 def quantize_layers(model: nn.Module, hf_config: dict[str, Any], requested: str | None) -> QuantizationConfig | None:
-    """Give every projection not ignored an FP8 weight where the checkpoint or `--quantization` says so (before
+    """Give every projection not ignored an FP8 or int4 weight where the checkpoint or `--quantization` says so (before
     the weights load, on `meta` too), then rebind every module's ops (a NormLinear reads its projection's).
     Returns the quantization config (None: nothing quantized)."""
     qcfg = quantization_config(hf_config, requested)
