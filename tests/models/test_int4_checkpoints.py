@@ -302,14 +302,50 @@ def test_gptq_act_order_g_idx_is_refused(checkpoints, tmp_path):
         LLM(str(path), kv_cache_memory=16 << 20, max_model_len=256, device="cpu")
 
 
-def test_two_ranks_give_the_int4_logits_of_one(checkpoints, spawn_ranks):
-    """GPTQ with zero points split over two gloo ranks: q/k/v and gate/up by rows (each part's scales and zeros
-    with them), o and down by whole groups of inputs (o_proj's 64 inputs: one group of 32 per rank)."""
-    from tests.models.test_tensor_parallel import _logits, _tp_logits
+def _int4_tensors(n: int, k: int, group: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A full (unsplit) int4 matrix in Heron's layout, random; `group` -1: one scale per row."""
+    groups = 1 if group == -1 else k // group
+    return {
+        "weight": torch.randint(-(2**31), 2**31, (n, k // 8), generator=gen).to(torch.int32),
+        "weight_scale": torch.rand(n, groups, generator=gen) * 0.01,
+        "weight_zero_point": torch.randint(0, 16, (n, groups), generator=gen).to(torch.uint8),
+    }
 
-    path = checkpoints["gptq"][0]
-    expected = _logits(path, False, 49152)
-    spawn_ranks(_tp_logits, path, False, 49152, expected)
+
+@pytest.mark.parametrize("group", [32, -1])
+def test_tensor_parallel_ranks_hold_their_rows_and_whole_groups(group, monkeypatch):
+    """Each of two ranks loads its share of a fused q | k | v (rows of each part, with their scales and zeros) and
+    of a row-parallel projection (whole groups of inputs; a per-row scale whole on every rank): the ranks'
+    outputs put together (concatenated by part, summed) are the one-rank product. In-process, through the
+    layers' loaders and their reference op (the all-reduce is the sum here)."""
+    from heron.distributed import parallel_state
+    from heron.kernels.reference import int4_linear_ref
+    from heron.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    gen = torch.Generator().manual_seed(0)
+    sizes, k = [64, 32, 32], 128
+    parts = [_int4_tensors(n, k, group, gen) for n in sizes]
+    down = _int4_tensors(48, k, group, gen)
+    x = torch.randn(5, k, generator=gen)
+    full_parts = [int4_linear_ref(x, **p) for p in parts]
+    full_down = int4_linear_ref(x, **down)
+    outs, partial_sums = [], []
+    monkeypatch.setattr(parallel_state, "_world_size", 2)
+    for rank in range(2):
+        monkeypatch.setattr(parallel_state, "_rank", rank)
+        qkv, row = ColumnParallelLinear(k, sizes, bias=False), RowParallelLinear(k, 48, bias=False)
+        qkv.use_int4(group, zero_point=True)
+        row.use_int4(group, zero_point=True)
+        for shard, tensors in enumerate(parts):
+            for name, t in tensors.items():
+                qkv.weight_loader(getattr(qkv, name), t, shard)
+        for name, t in down.items():
+            row.weight_loader(getattr(row, name), t)
+        outs.append(qkv._linear(x, qkv.weight).split([n // 2 for n in sizes], dim=-1))
+        partial_sums.append(row._linear(x[:, rank * k // 2 : (rank + 1) * k // 2], row.weight))
+    for i, full in enumerate(full_parts):
+        torch.testing.assert_close(torch.cat([outs[0][i], outs[1][i]], -1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(partial_sums[0] + partial_sums[1], full_down, rtol=1e-5, atol=1e-5)
 
 
 def test_a_row_parallel_split_inside_a_group_is_refused(monkeypatch):

@@ -1,7 +1,6 @@
 """Llama, Qwen3 and Qwen2-MoE (its experts split by their intermediate dim, a shared expert) split over two gloo
 ranks give the logits of the whole model (float32), through a prefill batch and a decode step over each rank's
-half of the KV cache; head counts that do not divide are refused with a message that names them. (An int4
-checkpoint's two ranks: tests/models/test_int4_checkpoints.py, through `_logits` here.)"""
+half of the KV cache; head counts that do not divide are refused with a message that names them."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from heron.attention import AttentionMetadata
 from heron.attention.torch_ref import TorchAttentionBackend
 from heron.distributed import destroy_distributed, get_tp_world_size, init_distributed, parallel_state
 from heron.models.config import TransformerConfig
-from heron.models.quantization import quantize_layers, quantized_weights
 from heron.models.registry import get_model_cls
 
 BLOCK_SIZE, BLOCKS_PER_SEQ = 4, 8
@@ -68,8 +66,7 @@ def _logits(path: str, tied: bool, vocab_size: int) -> torch.Tensor:
     model = get_model_cls(cfg.architecture)(
         cfg, TorchAttentionBackend(heads, kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
     )
-    quant = quantize_layers(model, json.load(open(os.path.join(path, "config.json"))), None)  # int4 checkpoints
-    model.load_weights(quantized_weights(model, weights.items(), quant) if quant else weights.items())
+    model.load_weights(weights.items())
     for layer in model.layers:
         layer.self_attn.kv_cache = torch.zeros(2, 3 * BLOCKS_PER_SEQ, BLOCK_SIZE, kv_heads, cfg.head_dim)
     gen = torch.Generator().manual_seed(1)
