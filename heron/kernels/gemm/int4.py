@@ -8,7 +8,9 @@ w[n, k] = (q[n, k] - zero[n, k // G]) * scale[n, k // G]. Rows are output featur
 projection, so fused q/k/v and gate/up stack their rows (each part keeps its own scales) and tensor parallelism
 splits rows (column-parallel) or whole groups of columns (row-parallel) without repacking.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile over its share of K in BLOCK_K steps, BLOCK_K dividing G: the
+Each program computes a [BLOCK_M, BLOCK_N] tile over its share of K in BLOCK_K steps, BLOCK_K dividing G. A
+step loads each packed word once ([BLOCK_N, BLOCK_K / 8], contiguous along K), repeats it 8 times along K with
+tl.interleave (vLLM's AWQ Triton kernel does the same along N) and shifts out one nibble per element; the
 tile's integers minus the zero are exact in the activation's dtype, the dot accumulates in float32 and the
 group's scale multiplies the partial product (one multiply per output, not per weight). At decode sizes (at most
 16 rows) there are few output tiles, so K is split over SPLIT_K programs whose float32 partial sums are added
@@ -55,13 +57,20 @@ def _w4a16_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask, n_mask = offs_m < M, offs_n < N
-    shifts = ((offs_k % 8) * 4)[:, None]
+    offs_w = tl.arange(0, BLOCK_K // 8)
+    shifts = ((offs_k % 8) * 4)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(pid_k, K // BLOCK_K, SPLIT_K):
         k = t * BLOCK_K + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None], other=0.0)
-        packed = tl.load(w_ptr + offs_n[None, :] * stride_wn + (k // 8)[:, None], mask=n_mask[None, :], other=0)
-        q = (packed >> shifts) & 0xF  # [BLOCK_K, BLOCK_N]
+        # each word once ([BLOCK_N, BLOCK_K / 8], contiguous along K), then repeated 8 times along K
+        words = tl.load(
+            w_ptr + offs_n[:, None] * stride_wn + (t * (BLOCK_K // 8) + offs_w)[None, :], mask=n_mask[:, None], other=0
+        )
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)
+        q = tl.trans((words >> shifts) & 0xF)  # [BLOCK_K, BLOCK_N]
         g = (t * BLOCK_K) // group_size
         scale = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
         if HAS_ZEROS:
