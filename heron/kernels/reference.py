@@ -247,15 +247,15 @@ def lora_ref(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, token_
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Heron's int4 packing: values 0..15 [..., C] -> int32 [..., C/8], element 8w + j in bits 4j..4j+3 of word w
     (the layout heron/kernels/gemm/int4.py reads; docs/quantization.md)."""
-    q = q.to(torch.int64).reshape(*q.shape[:-1], -1, 8)
-    words = (q << (4 * torch.arange(8, device=q.device))).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    q = q.to(torch.uint8)
+    pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # one byte per two elements, the first in the low nibble
+    return pairs.contiguous().view(torch.int32)  # four bytes a word, little-endian (every platform torch runs on)
 
 
 def unpack_int4(packed: torch.Tensor, order: list[int] | None = None) -> torch.Tensor:
     """`pack_int4`'s inverse, uint8 [..., 8 * W]; `order[j]`: which nibble holds element j of each word (AWQ
     interleaves them), sequential when None."""
-    shifts = 4 * torch.arange(8, device=packed.device)
+    shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
     if order is not None:
         shifts = shifts[torch.tensor(order, device=packed.device)]
     q = (packed.unsqueeze(-1) >> shifts) & 0xF

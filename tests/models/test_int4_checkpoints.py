@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from heron import LLM, SamplingParams
 from heron.kernels.reference import dequantize_int4
+from tests.models.test_quantization import _heron_logits
 
 GROUP = 32
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble j of an AWQ word holds column AWQ_ORDER[j] of its 8
@@ -191,17 +192,6 @@ def test_awq_packing_matches_compressed_tensors_converter():
     assert torch.equal(signed_q.to(torch.int64) + 8, q.to(torch.int64))
     assert torch.equal(signed_zero.to(torch.int64) + 8, zero.to(torch.int64))
     assert torch.equal(scales, scale)
-
-
-def _heron_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
-    runner_model = llm.engine.runner.model
-    compute, captured = runner_model.compute_logits, []
-    runner_model.compute_logits = lambda h, out=None: captured.append(compute(h, out)) or captured[-1]
-    try:
-        llm.generate([ids], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    finally:
-        runner_model.compute_logits = compute
-    return captured[0][-1]
 
 
 def _layer_weight(proj) -> torch.Tensor:
