@@ -109,7 +109,7 @@ def _compressed_tensors_group(name: str, group: dict[str, Any], fmt: str | None)
         return ("fp8",)
     int4 = w.get("num_bits") == 4 and w.get("type") == "int" and w.get("strategy") in ("group", "channel")
     if fmt == "pack-quantized" and int4 and not a and not w.get("actorder"):
-        group = w.get("group_size") or -1 if w["strategy"] == "group" else -1
+        group = (w.get("group_size") or -1) if w["strategy"] == "group" else -1
         return ("int4", group, not w.get("symmetric", True))
     raise ValueError(
         f"compressed-tensors group {name!r} ({fmt}, weights {w}, input_activations {a}) is not supported: only "

@@ -108,13 +108,16 @@ def int4_linear(
     weight_zero_point: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, dequantized weight, bias) in x's dtype (bf16, fp16 or fp32), float32 accumulation. K must be
-    a multiple of the group size, itself a multiple of 16 (the loader checks both)."""
+    a multiple of the group size, itself a multiple of 16 (the loader checks both); the scales and zero points
+    contiguous (the layer's parameters are)."""
     shape = x.shape
     k, n = shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if m == 0:
+        return x.new_zeros(*shape[:-1], n)
     group_size = k // weight_scale.shape[1]
     cfg = _config(m, n, k, group_size)
     split = cfg["SPLIT_K"]
