@@ -61,6 +61,13 @@ for s in $SECTIONS; do case $s in
         --quantization fp8 --save-result --result-name offline-qwen3-8b-fp8 --max-model-len 4096
     run latency-llama-fp8 heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --quantization fp8 --save-result --result-name latency-llama3.1-8b-fp8-bs1 --max-model-len 4096 ;;
+  int4)  # issue 24: int4 weight-only (W4A16 Triton kernel): its tests and the checkpoint tests on the GPU, the
+    # kernel against bf16 cuBLAS per Llama-3.1-8B projection and row count, Llama-3.1-8B AWQ-shaped at batch 1
+    run int4-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/gemm/test_int4.py \
+        tests/models/test_int4_checkpoints.py
+    run int4-probe python3 benchmarks/int4_probe.py
+    run latency-llama-int4 heron bench latency --model /tmp/shapes/llama3.1-8b-awq --load-format dummy \
+        --save-result --result-name latency-llama3.1-8b-int4-bs1 --max-model-len 4096 ;;
   lora)  # issue 25: the gathered LoRA kernel and the engine with it against peft (float32) on the GPU, then the
     # offline Qwen3-8B workload with 8 random rank-16 adapters (every projection) assigned round robin vs the base
     # model alone, same call (`lora-qwen3-8b`, ratio_vs_base >= 0.8); the adapters from benchmarks/make_loras.py

@@ -1,6 +1,6 @@
 """Folders of the real model shapes used on the GPU (random weights: `--load-format dummy`).
 
-    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b,qwen3-30b-a3b,gemma2-9b,
+    python benchmarks/shapes.py OUT_DIR   ->  OUT_DIR/{qwen3-0.6b,qwen3-8b,llama3.1-8b(-awq),qwen3-30b-a3b,gemma2-9b,
                                               gemma3-12b}/config.json + tokenizer
 
 The Gemma folders are written from the model cards' config.json (google/gemma-2-9b; google/gemma-3-12b-it's
@@ -149,6 +149,13 @@ SHAPES = {
         eos_token_id=[1, 106],
     ),
 }
+
+
+# Llama-3.1-8B as AutoAWQ publishes it (GEMM layout, groups of 128 with zero points): int4 weights in the real shapes
+SHAPES["llama3.1-8b-awq"] = dict(
+    SHAPES["llama3.1-8b"],
+    quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
+)
 
 
 def write_tokenizer(folder: Path, vocab_size: int, bos: int, eos: int) -> None:

@@ -113,6 +113,7 @@ class ModelConfig:
     served_model_name: str | None = None
     load_format: str = "auto"  # "auto" | "dummy" (random weights in the checkpoint's shapes, for benchmarks)
     # "fp8": quantize a 16/32-bit checkpoint's projections to FP8 while loading (heron/models/quantization.py);
+    # "awq" / "gptq" / "compressed-tensors": the checkpoint's own format, checked against its config.json;
     # None: as the checkpoint is (its config.json's quantization_config, if any)
     quantization: str | None = None
     # Default sampling parameters: "auto" the model's generation_config.json, "vllm" none (SamplingParams'
@@ -130,8 +131,10 @@ class ModelConfig:
             self.pooler_config.verify()
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"quantization must be 'fp8' or None, got {self.quantization!r}.")
+        if self.quantization not in (None, "fp8", "awq", "gptq", "compressed-tensors"):
+            raise ValueError(
+                f"quantization must be 'fp8', 'awq', 'gptq', 'compressed-tensors' or None, got {self.quantization!r}."
+            )
         if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
             os.path.join(self.generation_config, "generation_config.json")
         ):

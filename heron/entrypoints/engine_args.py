@@ -132,9 +132,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--quantization",
         "-q",
         default=None,
-        choices=["fp8"],
-        help="fp8: quantize a 16/32-bit checkpoint's projections to FP8 (e4m3) W8A8 while loading "
-        "(a quantized checkpoint is read as its config.json says, without this flag)",
+        choices=["fp8", "awq", "gptq", "compressed-tensors"],
+        help="fp8: quantize a 16/32-bit checkpoint's projections to FP8 (e4m3) W8A8 while loading. A quantized "
+        "checkpoint (FP8, AWQ, GPTQ, compressed-tensors) is read as its config.json says without this flag; "
+        "with it, the flag must name the checkpoint's quant_method",
     )
     g.add_argument(
         "--runner",

@@ -124,7 +124,7 @@ class ModelRunner:
             if self.config.model.load_format == "dummy":
                 init_dummy_weights(model, self.config.model.seed)
             else:
-                model.load_weights(quantized_weights(model, source.weights()) if quant else source.weights())
+                model.load_weights(quantized_weights(model, source.weights(), quant) if quant else source.weights())
         model.eval()
         logger.info(
             "loaded %s (%.0f M parameters, %s) in %.1f s",

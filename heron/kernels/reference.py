@@ -242,3 +242,45 @@ def lora_ref(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, token_
     own = (token_slots[:t, None] == torch.arange(num_slots, device=x.device)).to(x.dtype)  # one-hot, or none
     shrunk = (shrunk.view(t, num_slots, rows) * own[:, :, None]).view(t, num_slots * rows)
     return shrunk @ lora_b.view(num_slots * rows, -1)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Heron's int4 packing: values 0..15 [..., C] -> int32 [..., C/8], element 8w + j in bits 4j..4j+3 of word w
+    (the layout heron/kernels/gemm/int4.py reads; docs/quantization.md)."""
+    q = q.to(torch.uint8)
+    pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # one byte per two elements, the first in the low nibble
+    return pairs.contiguous().view(torch.int32)  # four bytes a word, little-endian (every platform torch runs on)
+
+
+def unpack_int4(packed: torch.Tensor, order: list[int] | None = None) -> torch.Tensor:
+    """`pack_int4`'s inverse, uint8 [..., 8 * W]; `order[j]`: which nibble holds element j of each word (AWQ
+    interleaves them), sequential when None."""
+    shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
+    if order is not None:
+        shifts = shifts[torch.tensor(order, device=packed.device)]
+    q = (packed.unsqueeze(-1) >> shifts) & 0xF
+    return q.to(torch.uint8).reshape(*packed.shape[:-1], -1)
+
+
+def dequantize_int4(
+    weight: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 [N, K] of an int4 projection: (q - zero) * scale, q and zero unsigned, each of the K / G groups of a
+    row with its own scale and zero (8 where there is no zero point: the symmetric formats' offset)."""
+    q = unpack_int4(weight).float()
+    group = q.shape[1] // weight_scale.shape[1]
+    zero = 8.0 if weight_zero_point is None else weight_zero_point.float().repeat_interleave(group, 1)
+    return (q - zero) * weight_scale.float().repeat_interleave(group, 1)
+
+
+def int4_linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    weight_scale: torch.Tensor,
+    weight_zero_point: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """heron/kernels/gemm/int4.py's `int4_linear` by dequantize-then-matmul in float32, the output in x's dtype."""
+    w = dequantize_int4(weight, weight_scale, weight_zero_point)
+    return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)

@@ -62,7 +62,8 @@ class NormLinear(_OffsetWeight, DeviceOps):
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.proj.is_fp8:  # the GEMV's norm prologue reads a 16/32-bit weight: the norm, then the FP8 matmul
+        # the GEMV's norm prologue reads a 16/32-bit weight: an FP8 / int4 projection runs the norm, then its matmul
+        if self.proj.is_quantized:
             if self.weight.is_cuda:
                 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 

@@ -12,7 +12,11 @@ replaces (F.linear) with the same parameter names and shapes: on CUDA through th
 
 `use_fp8()` turns a layer's weight into float8 e4m3 with a float32 scale per output row (`weight_scale`, loaded
 under the checkpoint's name; a per-tensor scale is stored on every row of its matrix), and its matmul into the
-door's FP8 one (heron/kernels/gemm/fp8.py; its dequantize-then-matmul reference off CUDA).
+door's FP8 one (heron/kernels/gemm/fp8.py; its dequantize-then-matmul reference off CUDA). `use_int4(group_size,
+zero_point)` holds it packed in int4 (int32 `weight` [N, K/8], `weight_scale` [N, K/G], `weight_zero_point`
+[N, K/G] where the format has zero points; heron/kernels/gemm/int4.py says the layout) and runs the door's W4A16
+GEMM. Both layouts keep rows as output features, so the loaders below split and fuse them as they do a 16-bit
+weight; a row-parallel layer's columns split by whole groups.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from heron.kernels.reference import (
     fp8_linear_ref,
     gelu_tanh_and_mul_ref,
     gelu_tanh_mul_linear_ref,
+    int4_linear_ref,
     silu_and_mul_ref,
     silu_mul_linear_ref,
 )
@@ -61,17 +66,25 @@ def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
     return scale.expand(rows, 1) if scale.shape[0] == 1 else scale
 
 
-def fp8_op(cuda: bool, weight_scale: torch.Tensor, activation: str | None = None):
-    """op(x, weight, bias=None) of an FP8 layer: the door's `fp8_linear` on CUDA, its reference elsewhere; with
-    `activation` ("silu" / "gelu_tanh") applied to a gate/up input first, as its own kernel."""
-    if cuda:
+def quantized_op(layer: QuantizedWeight, activation: str | None = None):
+    """op(x, weight, bias=None) of an FP8 or int4 layer: the door's `fp8_linear` / `int4_linear` on CUDA, their
+    references elsewhere; with `activation` ("silu" / "gelu_tanh") applied to a gate/up input first, as its own
+    kernel."""
+    if layer.weight.is_cuda:
         from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
-        from heron.kernels.gemm.fp8 import fp8_linear
 
-        linear, acts = fp8_linear, {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+        if layer.is_fp8:
+            from heron.kernels.gemm.fp8 import fp8_linear as linear
+        else:
+            from heron.kernels.gemm.int4 import int4_linear as linear
+        acts = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
     else:
-        linear, acts = fp8_linear_ref, {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}
-    op = partial(linear, weight_scale=weight_scale)
+        linear = fp8_linear_ref if layer.is_fp8 else int4_linear_ref
+        acts = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}
+    if layer.is_fp8:
+        op = partial(linear, weight_scale=layer.weight_scale)
+    else:
+        op = partial(linear, weight_scale=layer.weight_scale, weight_zero_point=layer.weight_zero_point)
     if activation is None:
         return op
     act = acts[activation]
@@ -82,11 +95,12 @@ def fp8_op(cuda: bool, weight_scale: torch.Tensor, activation: str | None = None
     return act_linear
 
 
-class Fp8Weight:
-    """What the projection layers share to hold an FP8 weight."""
+class QuantizedWeight:
+    """What the projection layers share to hold an FP8 or int4 weight."""
 
     weight: nn.Parameter
     weight_scale: nn.Parameter | None  # registered as None by the layer: a 16/32-bit weight has none
+    weight_zero_point: nn.Parameter | None  # int4 formats with zero points only
 
     def use_fp8(self) -> None:
         """Hold the weight in float8 e4m3 with `weight_scale` [N, 1] (float32), filled by the loader; call before
@@ -98,12 +112,41 @@ class Fp8Weight:
         )
         self.bind_ops()
 
+    def use_int4(self, group_size: int, zero_point: bool) -> None:
+        """Hold the weight packed in int4 (int32 [N, K/8]) with float32 `weight_scale` [N, K/G] and, with
+        `zero_point`, uint8 `weight_zero_point` [N, K/G], filled by the loader (heron/models/int4_formats.py
+        converts each checkpoint format); call before the weights are loaded (on `meta` too). `group_size` G: -1
+        for one group per row; it must split this rank's K inputs into whole groups (so a row-parallel split
+        falls on group boundaries) and be a multiple of 16 (the kernel's least K tile)."""
+        w = self.weight
+        n, k = w.shape
+        group = k if group_size == -1 else group_size
+        if k % group or group % 16:
+            raise ValueError(
+                f"int4 group_size {group_size} does not split a projection's {k} inputs (on this rank) into whole "
+                "groups of a multiple of 16."
+            )
+        empty = partial(torch.empty, device=w.device)
+        self.weight = nn.Parameter(empty(n, k // 8, dtype=torch.int32), requires_grad=False)
+        self.weight_scale = nn.Parameter(empty(n, k // group, dtype=torch.float32), requires_grad=False)
+        if zero_point:
+            self.weight_zero_point = nn.Parameter(empty(n, k // group, dtype=torch.uint8), requires_grad=False)
+        self.bind_ops()
+
     @property
     def is_fp8(self) -> bool:
         return self.weight.dtype == FP8_DTYPE
 
+    @property
+    def is_int4(self) -> bool:
+        return self.weight.dtype == torch.int32
 
-class ColumnParallelLinear(Fp8Weight, DeviceOps):
+    @property
+    def is_quantized(self) -> bool:
+        return self.is_fp8 or self.is_int4
+
+
+class ColumnParallelLinear(QuantizedWeight, DeviceOps):
     """y = x W^T + b with W's rows (output features) split over ranks; returns this rank's columns of y.
 
     `output_sizes` lists the full sizes of the matrices fused into one (q, k, v or gate, up): each is split on
@@ -119,12 +162,13 @@ class ColumnParallelLinear(Fp8Weight, DeviceOps):
         self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
         self.register_parameter("weight_scale", None)
+        self.register_parameter("weight_zero_point", None)
         self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.is_fp8:
-            self._linear = fp8_op(self.weight.is_cuda, self.weight_scale)
+        if self.is_quantized:
+            self._linear = quantized_op(self)
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import linear
 
@@ -138,7 +182,7 @@ class ColumnParallelLinear(Fp8Weight, DeviceOps):
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
         """`loaded_weight`: the full matrix (or bias, or weight scale) of fused part `shard_id`, or of all parts at
         once (None)."""
-        if param is self.weight_scale:
+        if param is self.weight_scale and self.is_fp8:
             loaded_weight = row_scales(
                 loaded_weight, sum(self.output_sizes) if shard_id is None else self.output_sizes[shard_id]
             )
@@ -154,7 +198,7 @@ class ColumnParallelLinear(Fp8Weight, DeviceOps):
         dst.copy_(loaded_weight.narrow(0, self.tp_rank * size, size))
 
 
-class RowParallelLinear(Fp8Weight, DeviceOps):
+class RowParallelLinear(QuantizedWeight, DeviceOps):
     """y = x W^T + b with W's columns (input features) split over ranks: x arrives already split (the output of a
     ColumnParallelLinear), each rank's product is a partial sum, one all-reduce adds them, and the bias is added
     once after it.
@@ -174,13 +218,14 @@ class RowParallelLinear(Fp8Weight, DeviceOps):
         self.weight = nn.Parameter(torch.empty(output_size, self.local_input))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
         self.register_parameter("weight_scale", None)
+        self.register_parameter("weight_zero_point", None)
         self.matmul_plans = plans_for_new_layer()
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.is_fp8:
+        if self.is_quantized:
             activation = "silu" if self.swiglu else "gelu_tanh" if self.geglu else None
-            self._linear = fp8_op(self.weight.is_cuda, self.weight_scale, activation)
+            self._linear = quantized_op(self, activation)
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import gelu_tanh_mul_linear, linear, silu_mul_linear
 
@@ -198,10 +243,14 @@ class RowParallelLinear(Fp8Weight, DeviceOps):
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
         if param is self.bias:
             return default_weight_loader(param, loaded_weight)
-        if param is self.weight_scale:  # a row's scale holds for every rank's columns of it
+        if param is self.weight_scale and self.is_fp8:  # a row's scale holds for every rank's columns of it
             return default_weight_loader(param, row_scales(loaded_weight, self.output_size))
-        check_shape(loaded_weight, self.output_size, self.input_size)
-        param.data.copy_(loaded_weight.narrow(1, self.tp_rank * self.local_input, self.local_input))
+        # int4: the packed words, group scales and zeros split as the columns do, whole groups per rank; a
+        # per-row scale (one group, G = K) holds for every rank's columns
+        local = param.shape[1]
+        whole = param is not self.weight and loaded_weight.shape[1:] == (1,) and local == 1
+        check_shape(loaded_weight, self.output_size, local if whole else local * self.tp_size)
+        param.data.copy_(loaded_weight.narrow(1, 0 if whole else self.tp_rank * local, local))
 
 
 class ReplicatedLinear(DeviceOps):

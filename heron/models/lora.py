@@ -51,6 +51,8 @@ def add_lora(model: nn.Module, max_loras: int, max_rank: int, mapping: LoRAMappi
         attn, mlp = layer.self_attn, layer.mlp
         if not (isinstance(layer.input_layernorm, NormLinear) and hasattr(mlp, "gate_up_proj")):
             raise ValueError(f"enable_lora: {type(model).__name__} is not supported (dense decoder models only).")
+        if attn.o_proj.is_int4 or attn.qkv_proj.is_int4:
+            raise ValueError("enable_lora with an int4 (AWQ / GPTQ / compressed-tensors) model is not supported.")
         device, dtype = attn.o_proj.weight.device, attn.o_proj.weight.dtype
 
         def stack(input_size: int, output_sizes: list[int]) -> LoRAStack:

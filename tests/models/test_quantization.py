@@ -201,12 +201,12 @@ def test_online_fp8_quantizes_rows_and_tracks_the_fp32_model(arch, tiny_model_di
     "qc, match",
     [
         ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
-        ({"quant_method": "awq", "bits": 4}, "not supported"),
+        ({"quant_method": "bitsandbytes"}, "not supported"),
         (
             {
                 "quant_method": "compressed-tensors",
                 "format": "pack-quantized",
-                "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group"}}},
+                "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int", "strategy": "group"}}},
             },
             "group 'g'",
         ),

@@ -7,11 +7,13 @@
               head's float32-output matmul.
 - fp8.py      FP8 (e4m3) W8A8: per-token activation quantization and `torch._scaled_mm` with row-wise scales, which
               the FP8 projection layers bind instead of linear.py (docs/quantization.md).
+- int4.py     int4 weight-only (W4A16): a Triton GEMM that dequantizes the packed weight in its K loop (split-K at
+              decode sizes), which the int4 projection layers bind; its layout and tuning in the file's docstring.
 - plans.py    `Plan` (one weight's choices by row count) and `MatmulPlans`, the registry a model runner owns;
               layers built inside `use_plans(registry)` keep it and pass it on each call.
 - tune.py     the start-up tuner that fills the registry (`--matmul-tuning on`).
 - cublaslt.py cuBLASLt through ctypes: its heuristic's candidates, a searched configuration from
               cublaslt_table.json (per GPU model; benchmarks/cublaslt_probe.py searches and writes it).
 
-Only linear.py imports Triton; the rest can be imported anywhere.
+Only linear.py and int4.py import Triton; the rest can be imported anywhere.
 """

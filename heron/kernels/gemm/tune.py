@@ -115,7 +115,7 @@ def tune(
     (seconds cuBLAS, seconds chosen, what was chosen)} summed over the shape's weights, for the log."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for w in weights:
-        if w.dtype != FP8_DTYPE:  # an FP8 weight runs torch._scaled_mm (fp8.py), which has no choices here
+        if w.dtype not in (FP8_DTYPE, torch.int32):  # FP8 (fp8.py) and int4 (int4.py) weights have no choices here
             groups[(tuple(w.shape), w.dtype, False)].append(w)
     for w in float32_out:
         groups[(tuple(w.shape), w.dtype, True)].append(w)

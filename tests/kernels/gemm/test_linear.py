@@ -13,9 +13,10 @@ pytest.importorskip("triton")
 from heron.attention import AttentionMetadata
 from heron.attention.torch_ref import TorchAttentionBackend
 from heron.kernels import activation, fused_moe, gemv, reference, rmsnorm, rope
-from heron.kernels.gemm import blas
+from heron.kernels.gemm import blas, int4
 from heron.kernels.gemm import linear as door
 from heron.models.config import TransformerConfig
+from heron.models.quantization import init_dummy_weights, quantize_layers
 from heron.models.registry import get_model_cls
 
 
@@ -53,6 +54,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
     "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
     "fused_experts": ((fused_moe,), reference.fused_experts_ref),
+    "int4_linear": ((int4,), reference.int4_linear_ref),
 }
 
 
@@ -96,7 +98,8 @@ def _step(model, cfg, rows: int, decode: bool):
 
 
 def _on_fake_cuda(arch: str, **extra):
-    """A tiny `arch` model (config fields `extra` on top) with random bf16 weights, "moved to CUDA", with KV caches."""
+    """A tiny `arch` model (config fields `extra` on top) with random bf16 weights, "moved to CUDA", with KV caches;
+    with a `quantization_config`, its projections quantized (random weights as `--load-format dummy` makes)."""
     hf = dict(
         architectures=[arch],
         vocab_size=300,
@@ -112,8 +115,11 @@ def _on_fake_cuda(arch: str, **extra):
     torch.manual_seed(0)
     model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.1)
+        if quantize_layers(model, hf, None):
+            init_dummy_weights(model, 0)
+        else:
+            for p in model.parameters():
+                p.normal_(0, 0.1)
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
         model.to(torch.bfloat16)._apply(_fake)  # "moved to CUDA": the layers bind their CUDA ops
@@ -175,3 +181,21 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
     assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
     assert "gemv_silu_mul" not in launches and "silu_and_mul" not in launches
     assert torch.isfinite(_plain(logits)).all()
+
+
+def test_an_int4_layer_runs_the_w4a16_kernel_after_its_norm_and_activation(launches):
+    """An AWQ model at decode and prefill sizes: every projection in the door's int4 kernel (split-K or not is
+    its own choice), the norm and SwiGLU's activation as kernels of their own (the GEMV's prologues read 16-bit
+    weights); the bf16 LM head as before."""
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}
+    model, cfg = _on_fake_cuda("Qwen3ForCausalLM", quantization_config=awq)
+    assert model.layers[0].mlp.down_proj.is_int4
+    layer = ["rms_norm", "int4_linear", "apply_rope_and_cache", "int4_linear", "fused_add_rms_norm", "int4_linear"]
+    layer += ["silu_and_mul", "int4_linear"]
+    later = ["fused_add_rms_norm" if k == "rms_norm" else k for k in layer]
+    with torch.inference_mode():
+        for rows, decode in ((4, True), (20, False)):  # a prefill's head: its last token's row, in the GEMV
+            launches.clear()
+            logits = _step(model, cfg, rows, decode)
+            assert launches == layer + later + ["fused_add_rms_norm", "gemv"]
+            assert torch.isfinite(_plain(logits)).all()
