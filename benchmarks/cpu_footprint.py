@@ -50,7 +50,8 @@ def measure() -> dict[str, float]:
 def measure_in(tree: Path) -> dict[str, float]:
     """`measure()` in a fresh interpreter that imports heron from `tree` (this file's code, that tree's engine)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    code = f"import json, runpy; m = runpy.run_path({str(Path(__file__).resolve())!r}); print(json.dumps(m['measure']()))"
+    script = str(Path(__file__).resolve())
+    code = f"import json, runpy; print(json.dumps(runpy.run_path({script!r})['measure']()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

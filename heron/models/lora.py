@@ -53,7 +53,8 @@ def add_lora(model: nn.Module, max_loras: int, max_rank: int, mapping: LoRAMappi
             raise ValueError(f"enable_lora: {type(model).__name__} is not supported (dense decoder models only).")
         if attn.o_proj.is_int4 or attn.qkv_proj.is_int4:
             raise ValueError("enable_lora with an int4 (AWQ / GPTQ / compressed-tensors) model is not supported.")
-        device, dtype = attn.o_proj.weight.device, attn.o_proj.weight.dtype
+        norm = layer.input_layernorm.weight  # in the model's dtype where an FP8 projection's weight is not
+        device, dtype = norm.device, norm.dtype
 
         def stack(input_size: int, output_sizes: list[int]) -> LoRAStack:
             return LoRAStack(input_size, output_sizes, max_loras, max_rank, mapping).to(device, dtype)

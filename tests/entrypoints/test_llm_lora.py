@@ -225,3 +225,32 @@ def test_stats_name_the_adapters_running_and_waiting(llm, llama):
         engine.abort(f"stats-{i}")
     s = engine.get_stats()
     assert (s.running_lora_adapters, s.waiting_lora_adapters) == ([], [])
+
+
+def test_an_fp8_model_takes_adapters_in_its_activation_dtype(llama):
+    """`--quantization fp8` with LoRA: the stacks are in the model's dtype (not the weights' float8), and the
+    last token's logits equal peft's on the same row-quantized weights with W8A8 simulated on the base
+    projections (the adapter's own matmuls see the unquantized input, in both)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from heron.kernels.gemm.fp8 import quantize_fp8_rows
+    from tests.models.test_quantization import W8A8_REL_ERR, _heron_logits, _hf_logits
+
+    path, loras, _ = llama
+    fp8 = LLM(path, kv_cache_memory=16 << 20, quantization="fp8", enable_lora=True, max_loras=2, max_lora_rank=8)
+    assert all(s.lora_a.dtype == torch.float32 for s in fp8.engine.runner.lora.stacks.values())
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                q, s = quantize_fp8_rows(module.weight)
+                module.weight.copy_(q.float() * s)
+    ids = AutoTokenizer.from_pretrained(path)(PROMPTS[0]).input_ids
+    lora = loras[0]
+    model = PeftModel.from_pretrained(hf, lora.lora_path)
+    ref = _hf_logits(model, ids, w8a8=True)
+    base = _hf_logits(model.unload(), ids, w8a8=True)
+    ours = _heron_logits(fp8, ids, lora)
+    assert (ours - ref).norm() / ref.norm() < W8A8_REL_ERR
+    assert (ref - base).norm() / ref.norm() > 10 * W8A8_REL_ERR  # the adapter moves the logits far more

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from heron import LLM, SamplingParams
+from heron import LLM, LoRARequest, SamplingParams
 from heron.kernels.gemm.fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8_rows
 
 PROMPTS = ["Hello, my name is", "The capital of France is a city that"]
@@ -117,11 +117,12 @@ def _dequantized_hf_model(path: str):
 
 
 def _hf_logits(model, ids: list[int], w8a8: bool) -> torch.Tensor:
-    """The last token's logits; `w8a8`: every projection's input quantized per token first, as Heron does."""
+    """The last token's logits; `w8a8`: every projection's input quantized per token first, as Heron does (not
+    a peft adapter's own lora_A / lora_B: Heron's LoRA reads the unquantized input)."""
     hooks = []
     if w8a8:
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head") and ".lora_" not in name:
                 hooks.append(module.register_forward_pre_hook(lambda _, args: _fake_quant(args[0])))
     try:
         with torch.no_grad():
@@ -136,12 +137,12 @@ def _fake_quant(x: torch.Tensor) -> tuple[torch.Tensor]:
     return (q.float() * scale,)
 
 
-def _heron_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+def _heron_logits(llm: LLM, ids: list[int], lora_request: LoRARequest | None = None) -> torch.Tensor:
     runner_model = llm.engine.runner.model
     compute, captured = runner_model.compute_logits, []
     runner_model.compute_logits = lambda h, out=None: captured.append(compute(h, out)) or captured[-1]
     try:
-        llm.generate([ids], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+        llm.generate([ids], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False, lora_request=lora_request)
     finally:
         runner_model.compute_logits = compute
     return captured[0][-1]
