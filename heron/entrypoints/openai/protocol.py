@@ -297,8 +297,11 @@ class ChatMessageParam(RequestModel):
     tool_call_id: str | None = None  # on tool messages: the call this is the result of
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
 class FunctionDefinition(RequestModel):
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
     strict: bool | None = None
