@@ -511,9 +511,7 @@ class OpenAIServing:
                 param="chat_template_kwargs",
             )
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(
-                400, "This model has no chat template; start the server with --chat-template.", param=param
-            )
+            raise ApiError(400, "This model has no chat template; start the server with --chat-template.", param=param)
         if len(messages) > self.limits.max_model_len:
             raise ApiError(
                 400,
