@@ -297,11 +297,8 @@ class ChatMessageParam(RequestModel):
     tool_call_id: str | None = None  # on tool messages: the call this is the result of
 
 
-FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-
-
 class FunctionDefinition(RequestModel):
-    name: FunctionName
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
     strict: bool | None = None

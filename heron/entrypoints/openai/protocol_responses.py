@@ -13,7 +13,6 @@ from heron.entrypoints.openai.protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionToolParam,
     FunctionDefinition,
-    FunctionName,
     IgnoredFields,
     NamedFunction,
     OpenAIBaseModel,
@@ -76,15 +75,11 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(RequestModel):
+class FunctionTool(FunctionDefinition):
     """A function tool, flat as the Responses API writes it (chat nests the same fields under `function`).
     Other tool types (web_search, file_search, mcp, ...) run on OpenAI's side: a 400 naming the type."""
 
     type: Literal["function"]
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
-    strict: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

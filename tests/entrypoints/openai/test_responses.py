@@ -135,9 +135,11 @@ def test_refusals(server, extra, param):
         assert repr(extra["tools"][-1]["type"]) in r.json()["error"]["message"]
 
 
-def test_function_calls_plain_and_streamed(server, client):
+def test_function_calls_streamed_and_round_trip(server, client):
     """A named choice and "required": function_call items whose arguments validate, the stream's events (the
-    SDK's types) adding up to the plain answer, and the response valid as the SDK's Response."""
+    SDK's types) adding up to the plain answer, the response valid as the SDK's Response; then the round
+    trip: the call and the client's function_call_output sent back map to chat's assistant tool_calls and
+    tool message (the same prompt, token for token, as chat's history)."""
     body = dict(model=MODEL, input=ASK, tools=[WEATHER, TIME], max_output_tokens=64, temperature=0)
     named = {**body, "tool_choice": {"type": "function", "name": "get_weather"}}
     required = {**body, "tool_choice": "required", "parallel_tool_calls": False}
@@ -173,18 +175,8 @@ def test_function_calls_plain_and_streamed(server, client):
     assert events[-3].name == "get_weather" and done.status == "completed"
     assert events[-1].response.output[0].arguments == call.arguments
 
-
-def test_round_trip_with_function_call_output(client):
-    """The call -> the client's function_call_output -> the answer: the items map to chat's assistant
-    tool_calls and tool message (the same prompt, token for token, as chat's history)."""
-    first = client.responses.create(
-        model=MODEL, input=ASK, tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=64, temperature=0,
-    )  # fmt: skip
-    [call] = first.output
     result = json.dumps({"temperature": 21})
-    items = [*ASK, call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id,
-                                                        "output": result}]  # fmt: skip
+    items = [*ASK, call, {"type": "function_call_output", "call_id": call.call_id, "output": result}]
     history = [
         *ASK,
         {"role": "assistant", "tool_calls": [{"id": call.call_id, "type": "function",
@@ -200,7 +192,7 @@ def test_round_trip_with_function_call_output(client):
             model=MODEL, messages=history, tools=[chat_tool], tool_choice="none", max_tokens=8, temperature=0
         ),
     )
-    assert [o.type for o in final.output] == ["message"]
+    assert [o.type for o in final.output] == ["message"] and final.tool_choice == "none"
     assert final.output_text == chat.choices[0].message.content
     assert final.usage.input_tokens == chat.usage.prompt_tokens
 
