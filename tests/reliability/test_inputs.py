@@ -60,16 +60,14 @@ CROSS_FIELD = re.compile(
             r"continue_final_message and add_generation_prompt cannot both be true",
             r"chat_template_kwargs may not set",
             r"The chat template rejected the messages",
-            r"text.format \w+ is not supported yet",
             r"top_logprobs is not supported yet",
             r"a stored prompt template\) is not supported",
             # structured outputs: a schema, regex, grammar or choice list xgrammar cannot compile, or two of them
-            r"(guided_\w+|structured_outputs[.\w]*|response_format[.\w]*) is invalid",
+            r"(guided_\w+|structured_outputs[.\w]*|response_format[.\w]*|text\.format) is invalid",
             r"At most one structured output constraint",
             r"structured_outputs takes exactly one of",
-            r"response_format of type json_schema needs",
+            r"(response_format|text\.format) of type json_schema needs",
             r"is the beam width with use_beam_search",
-            r"is not supported yet on /v1/responses",
             r"use_beam_search does not support",
             r"is not supported by run-batch yet",
             r"The model does not support the Embeddings API",  # (this server generates: --runner pooling embeds)

@@ -43,15 +43,9 @@ class OpenAIServingChat(OpenAIServing):
         model = self.model_name(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
-        tools = ToolCalling(req, self.tool_call_parser)
+        tools = ToolCalling(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_call_parser)
         params, max_param = self.chat_sampling_params(req)
-        if tools.structured_outputs is not None:
-            if params.structured_outputs is not None:
-                raise ApiError(
-                    400, f"tool_choice {tools.choice!r} takes no other output constraint.", param="tool_choice"
-                )
-            params.structured_outputs = tools.structured_outputs
-        params.skip_special_tokens = params.skip_special_tokens and tools.skip_special_tokens
+        tools.apply(params)
         prompt = self.render(req.messages, req, tools=tools.tools)
         extractors: dict[int, CallExtractor | None] = {}  # per choice, made at its first text
         # echo: the answer continues the last message when that is the assistant's (continue_final_message).

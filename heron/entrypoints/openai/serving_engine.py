@@ -487,10 +487,15 @@ class OpenAIServing:
         yield sse("[DONE]")
 
     def render(
-        self, messages: list[ChatMessageParam], opts: ChatTemplateFields, tools: list[dict] | None = None
+        self,
+        messages: list[ChatMessageParam],
+        opts: ChatTemplateFields,
+        tools: list[dict] | None = None,
+        param: str = "messages",
     ) -> str:
         """The conversation as one prompt string, through the model's chat template (or --chat-template), with
-        the request's template options and its tools (as OpenAI writes them) where it has some."""
+        the request's template options and its tools (as OpenAI writes them) where it has some. `param`: the
+        field the conversation came in, which its 400s name."""
         if opts.continue_final_message and opts.add_generation_prompt:
             raise ApiError(
                 400,
@@ -506,15 +511,13 @@ class OpenAIServing:
                 param="chat_template_kwargs",
             )
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(
-                400, "This model has no chat template; start the server with --chat-template.", param="messages"
-            )
+            raise ApiError(400, "This model has no chat template; start the server with --chat-template.", param=param)
         if len(messages) > self.limits.max_model_len:
             raise ApiError(
                 400,
                 f"There are {len(messages)} messages: more than max_model_len ({self.limits.max_model_len}) tokens "
                 "could hold.",
-                param="messages",
+                param=param,
             )
         conversation = []
         for m in messages:
@@ -523,7 +526,7 @@ class OpenAIServing:
             if m.name is not None:
                 msg["name"] = m.name
             if m.tool_calls:
-                msg["tool_calls"] = template_tool_calls(m.tool_calls)
+                msg["tool_calls"] = template_tool_calls(m.tool_calls, param)
             if m.tool_call_id is not None:
                 msg["tool_call_id"] = m.tool_call_id
             conversation.append(msg)
@@ -537,7 +540,7 @@ class OpenAIServing:
                 **extra,
             )
         except Exception as e:  # noqa: BLE001 - a template raises whatever it likes on a conversation it rejects
-            raise ApiError(400, f"The chat template rejected the messages: {e}", param="messages") from None
+            raise ApiError(400, f"The chat template rejected the messages: {e}", param=param) from None
 
     # -- logprobs ---------------------------------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 from heron.engine.structured_output import build_grammar
 from heron.entrypoints.openai.errors import ApiError
-from heron.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionToolParam
+from heron.entrypoints.openai.protocol import ChatCompletionNamedToolChoiceParam, ChatCompletionToolParam
 from heron.entrypoints.openai.tool_parsers import TOOL_PARSERS, JsonArrayToolParser, ToolCallDelta
 from heron.entrypoints.openai.tool_parsers.base import call_id
-from heron.sampling_params import StructuredOutputsParams
+from heron.sampling_params import SamplingParams, StructuredOutputsParams
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -44,11 +44,18 @@ class NamedCallExtractor:
 
 
 class ToolCalling:
-    """One request's tool calling, checked when built (a 400 naming the field)."""
+    """One request's tool calling (chat's fields, or the Responses API's in chat's shape), checked when built
+    (a 400 naming the field)."""
 
-    def __init__(self, req: ChatCompletionRequest, auto_parser: str | None) -> None:
-        tools = req.tools or []
-        choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    def __init__(
+        self,
+        tools: list[ChatCompletionToolParam] | None,
+        tool_choice: str | ChatCompletionNamedToolChoiceParam | None,
+        parallel_tool_calls: bool,
+        auto_parser: str | None,
+    ) -> None:
+        tools = tools or []
+        choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
         if choice != "none" and not tools:
             raise ApiError(400, "tool_choice needs tools.", param="tool_choice")
         by_name = {t.function.name: t for t in tools}
@@ -68,7 +75,7 @@ class ToolCalling:
                 )
             self.parser = TOOL_PARSERS[auto_parser]()
         elif choice == "required":
-            self.structured_outputs = StructuredOutputsParams(json=_calls_schema(tools, req.parallel_tool_calls))
+            self.structured_outputs = StructuredOutputsParams(json=_calls_schema(tools, parallel_tool_calls))
         elif choice != "none":
             self.named = choice.function.name
             if self.named not in by_name:
@@ -82,6 +89,17 @@ class ToolCalling:
                 raise ApiError(
                     400, f"A tool's parameters are not a usable JSON schema: {str(e).split(': ', 1)[-1]}", param="tools"
                 ) from None
+
+    def apply(self, params: SamplingParams) -> None:
+        """Put the tool choice's needs on the request's sampling: its grammar (a 400 if the request has an
+        output constraint already), and the special tokens its parser reads (Mistral's [TOOL_CALLS])."""
+        if self.structured_outputs is not None:
+            if params.structured_outputs is not None:
+                raise ApiError(
+                    400, f"tool_choice {self.choice!r} takes no other output constraint.", param="tool_choice"
+                )
+            params.structured_outputs = self.structured_outputs
+        params.skip_special_tokens = params.skip_special_tokens and self.skip_special_tokens
 
     @property
     def skip_special_tokens(self) -> bool:
@@ -119,16 +137,16 @@ def _calls_schema(tools: list[ChatCompletionToolParam], parallel: bool) -> dict[
     return schema
 
 
-def template_tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
+def template_tool_calls(calls: list[Any], param: str = "messages") -> list[dict[str, Any]]:
     """An assistant message's earlier calls as chat templates expect them: the arguments as a dict (Qwen's,
-    Llama's and Mistral's templates write them with `tojson`)."""
+    Llama's and Mistral's templates write them with `tojson`). `param`: the field the calls came in."""
     out = []
     for c in calls:
         try:
             arguments = json.loads(c.function.arguments)
         except json.JSONDecodeError:
             raise ApiError(
-                400, f"The arguments of tool call {c.id!r} are not JSON: {c.function.arguments!r}", param="messages"
+                400, f"The arguments of tool call {c.id!r} are not JSON: {c.function.arguments!r}", param=param
             ) from None
         out.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": arguments}})
     return out

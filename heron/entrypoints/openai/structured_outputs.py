@@ -1,10 +1,12 @@
-"""A request's structured-output fields -> the engine's `StructuredOutputsParams`: OpenAI's `response_format`,
-vLLM's `structured_outputs` and its older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`.
-At most one constraint per request. The constraint is turned into an xgrammar Grammar here, in the API
-process (engine/structured_output.build_grammar), so that an invalid schema, regex or grammar is a 400 naming
-its field and never reaches the engine."""
+"""A request's structured-output fields -> the engine's `StructuredOutputsParams`: OpenAI's `response_format`
+(chat, completions) and `text.format` (the Responses API), vLLM's `structured_outputs` and its older
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`. At most one constraint per request. The
+constraint is turned into an xgrammar Grammar here, in the API process (engine/structured_output.build_grammar),
+so that an invalid schema, regex or grammar is a 400 naming its field and never reaches the engine."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from heron.engine.structured_output import build_grammar
 from heron.entrypoints.openai.errors import ApiError
@@ -20,7 +22,23 @@ def structured_outputs_params(req: SamplingRequest) -> StructuredOutputsParams |
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
         raise ApiError(400, f"At most one structured output constraint per request; got {names}.", param=given[1][0])
-    param, params = given[0]
+    return checked(*given[0])
+
+
+def output_format(kind: str, schema: dict[str, Any] | None, param: str) -> StructuredOutputsParams | None:
+    """OpenAI's output format (chat's `response_format`, the Responses API's `text.format`) as a constraint:
+    None for free text. `param` names the format in the 400 for a json_schema without its schema."""
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        if schema is None:
+            raise ApiError(400, f"{param} of type json_schema needs its schema.", param=param)
+        return StructuredOutputsParams(json=schema)
+    return None
+
+
+def checked(param: str, params: StructuredOutputsParams) -> StructuredOutputsParams:
+    """`params`, once xgrammar has compiled them: an invalid schema, regex or grammar is a 400 naming `param`."""
     try:
         build_grammar(params)
     except ValueError as e:
@@ -32,14 +50,10 @@ def _constraints(req: SamplingRequest) -> list[tuple[str, StructuredOutputsParam
     """Every constraint the request states: (the field that states it, as a client names it; its params)."""
     out = []
     fmt = req.response_format
-    if fmt is not None and fmt.type == "json_object":
-        out.append(("response_format", StructuredOutputsParams(json_object=True)))
-    elif fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise ApiError(
-                400, "response_format of type json_schema needs json_schema.schema.", param="response_format"
-            )
-        out.append(("response_format.json_schema.schema", StructuredOutputsParams(json=fmt.json_schema.schema_)))
+    if fmt is not None:
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        if (params := output_format(fmt.type, schema, "response_format")) is not None:
+            out.append(("response_format.json_schema.schema" if schema is not None else "response_format", params))
     so = req.structured_outputs
     if so is not None:
         fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar}

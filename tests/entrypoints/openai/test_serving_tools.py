@@ -25,7 +25,8 @@ MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def calling(parser: str | None = None, **body) -> ToolCalling:
-    return ToolCalling(ChatCompletionRequest.model_validate({"messages": MESSAGES, **body}), parser)
+    req = ChatCompletionRequest.model_validate({"messages": MESSAGES, **body})
+    return ToolCalling(req.tools, req.tool_choice, req.parallel_tool_calls, parser)
 
 
 def refused(parser: str | None = None, **body) -> ApiError:

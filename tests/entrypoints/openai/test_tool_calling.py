@@ -82,15 +82,20 @@ def test_history_and_text_answers(client):
     def create(**kw):
         return client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, tools=[WEATHER], **kw)
 
-    after_tool, none, auto = parallel(
+    flat = {"type": "function", **WEATHER["function"]}  # the Responses API's shape of the same tool
+    after_tool, none, auto, response = parallel(
         lambda: create(messages=HISTORY),
         lambda: create(messages=ASK, tool_choice="none"),
         lambda: create(messages=ASK, tool_choice="auto"),
+        lambda: client.responses.create(model=MODEL, input=ASK, tools=[flat], max_output_tokens=8, temperature=0),
     )
     for r in (after_tool, none, auto):
         [choice] = r.choices
         assert choice.message.content and choice.message.tool_calls is None
         assert choice.finish_reason in ("stop", "length")
+    # /v1/responses reads "auto" (its default with tools) with the same --tool-call-parser: the same answer.
+    assert response.tool_choice == "auto" and [o.type for o in response.output] == ["message"]
+    assert response.output_text == auto.choices[0].message.content
 
 
 def test_bad_tool_requests(client):
