@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from heron.logprobs import Logprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs
 from heron.sampling_params import SamplingParams
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from heron.engine.request import Request, Sequence, SequenceStatus
 from heron.engine.scheduler import Scheduler
-from heron.outputs import Logprobs
+from heron.logprobs import Logprob, Logprobs
 from heron.sampling_params import BeamSearchParams
 
 # A candidate continuation: (summed logprob, its beam, the token, the token's logprob)
-Candidate = tuple[float, Sequence, int, float]
+Candidate = tuple[float, Sequence, int, Logprob]
 
 
 def num_logprobs(params: BeamSearchParams, num_eos: int) -> int:
@@ -51,7 +51,7 @@ class BeamSearch:
         k, p = self.params.beam_width, self.params
         gen_len = reports[0][0].num_output_tokens  # generated tokens, the pending one included
         candidates = sorted(
-            ((seq.cumulative_logprob + lp, seq, tok, lp) for seq, lps in reports for tok, lp in lps.items()),
+            ((seq.cumulative_logprob + lp.logprob, seq, tok, lp) for seq, lps in reports for tok, lp in lps.items()),
             key=lambda c: -c[0],
         )[: num_logprobs(p, len(self.eos))]
         at_limit = gen_len >= self.max_tokens

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from heron.logprobs import Logprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs
 from heron.pooling_params import PoolingParams
 from heron.sampling_params import SamplingParams
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from heron.engine.request import Request, Sequence
-from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.logprobs import Logprobs
+from heron.outputs import CompletionOutput, RequestOutput
 from heron.sampling_params import RequestOutputKind
 
 
@@ -14,6 +15,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (Logprob.decoded_token)
 
     def append(self, seq: Sequence, token: int, logprobs: Logprobs | None, grammar_done: bool | None = None) -> bool:
         """Append the next token of `seq`, read back from the device; True when it finishes the sequence
@@ -23,8 +25,9 @@ class OutputProcessor:
         p = req.params
         seq.append_token(token)
         if logprobs is not None:
+            self.name_tokens(logprobs)
             seq.output_logprobs.append(logprobs)
-            seq.cumulative_logprob += logprobs[token]
+            seq.cumulative_logprob += logprobs[token].logprob
         num_tokens = len(seq.token_ids)
         n_out = num_tokens - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
@@ -67,6 +70,18 @@ class OutputProcessor:
             return False
         seq.drop_pending()
         return True
+
+    def name_tokens(self, logprobs: Logprobs) -> None:
+        """Fill a position's `decoded_token`s: each id decoded alone, as vLLM's are (remembered per id, since
+        every step of a request asks for k + 1 of them)."""
+        if self.tokenizer is None:
+            return
+        texts = self._token_texts
+        for token, lp in logprobs.items():
+            text = texts.get(token)
+            if text is None:
+                text = texts[token] = self.tokenizer.decode([token])
+            lp.decoded_token = text
 
     def release(self, seq: Sequence) -> None:
         """A finished sequence flushes any text held back for an incomplete character."""

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heron.batch import SamplingSpec
+from heron.logprobs import Logprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs, RequestMetrics
+from heron.outputs import RequestMetrics
 from heron.pooling_params import PoolingParams
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
