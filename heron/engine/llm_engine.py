@@ -455,7 +455,7 @@ class LLMEngine:
             self._process_pooled(launched.scheduled.seqs, result.pooled, touched, ended)
             return
         now = time.time()
-        append, name_tokens, generated = self.output_processor.append, self.output_processor.name_tokens, 0
+        append, generated = self.output_processor.append, 0
         grammar_done = {}  # (structured outputs only)
         if launched.scheduled.batch.grammar_bitmask is not None:
             grammar_done = self._accept_grammar(launched, result.sampled)
@@ -465,14 +465,11 @@ class LLMEngine:
                 continue
             req = seq.request
             if result.prompt_logprobs[i]:
-                for lps in result.prompt_logprobs[i]:
-                    name_tokens(lps)
                 req.prompt_logprobs += result.prompt_logprobs[i]
             tokens = result.sampled[i]
             if not tokens:
                 continue
             if req.beam is not None:
-                name_tokens(result.logprobs[i][0])
                 beams.setdefault(req.request_id, []).append((seq, result.logprobs[i][0]))
                 continue
             seqs = [seq] if len(tokens) == 1 else [seq] + self.scheduler.fork(seq)

@@ -13,7 +13,7 @@ from heron.batch import ModelRunnerOutput, SamplingSpec
 from heron.executor.graph_keys import GraphKey
 from heron.executor.input_buffers import StepArrays
 from heron.executor.sampler import SamplerOutput, SamplingTensors
-from heron.logprobs import Logprob, Logprobs
+from heron.logprobs import RawLogprobs
 
 
 @dataclass
@@ -76,13 +76,13 @@ class InflightStep:
         if inputs.one_row_each and lps is None and prompt_ids is None:  # the common decode step
             return ModelRunnerOutput([[t] for t in token_ids], none, none)
         sampled: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[Logprobs]] = [[] for _ in range(n)] if lps is not None else none
+        logprobs: list[list[RawLogprobs]] = [[] for _ in range(n)] if lps is not None else none
         for r, (i, spec) in enumerate(zip(inputs.seq_of_row, inputs.row_specs)):
             sampled[i].append(token_ids[r])
             k = spec.ints[2]
             if lps is not None and k >= 0:
                 logprobs[i].append(_position(lp_ids[r], lps[r], ranks[r], k))
-        prompt_logprobs: list[list[Logprobs]] = none
+        prompt_logprobs: list[list[RawLogprobs]] = none
         if prompt_ids is not None:
             prompt_logprobs = [[] for _ in range(n)]
             r = 0
@@ -94,8 +94,7 @@ class InflightStep:
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 
 
-def _position(ids: list[int], values: list[float], rank: int, k: int) -> Logprobs:
-    """One position's Logprobs from its row of the sampler's output: the chosen token with its `rank`, then
-    the top k ranked 1..k (a chosen token among them keeps its place there, as in vLLM)."""
-    ranks = itertools.chain((rank,), range(1, k + 1))
-    return {t: Logprob(v, r) for t, v, r in zip(ids[: 1 + k], values[: 1 + k], ranks)}
+def _position(ids: list[int], values: list[float], rank: int, k: int) -> RawLogprobs:
+    """One position from its row of the sampler's output: the chosen token with its `rank`, then the top k
+    ranked 1..k (a chosen token among them keeps its place there, as in vLLM)."""
+    return dict(zip(ids[: 1 + k], zip(values[: 1 + k], itertools.chain((rank,), range(1, k + 1)))))
