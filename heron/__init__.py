@@ -13,6 +13,7 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "EmbeddingRequestOutput",
+    "Logprob",
     "__version__",
 ]
 
@@ -24,6 +25,7 @@ _LAZY = {
     "RequestOutput": "heron.outputs",
     "CompletionOutput": "heron.outputs",
     "EmbeddingRequestOutput": "heron.outputs",
+    "Logprob": "heron.logprobs",
 }
 
 

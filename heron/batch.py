@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from heron.logprobs import RawLogprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs
 from heron.sampling_params import SamplingParams
 
 
@@ -88,8 +88,8 @@ class ModelRunnerOutput:
     """A step's results, per scheduled sequence in the batch's order."""
 
     sampled: list[list[int]]  # its new tokens (num_samples of them), or []
-    logprobs: list[list[Logprobs]]  # parallel to `sampled` (empty if not asked)
-    prompt_logprobs: list[list[Logprobs]]  # for the prompt positions computed this step
+    logprobs: list[list[RawLogprobs]]  # parallel to `sampled` (empty if not asked)
+    prompt_logprobs: list[list[RawLogprobs]]  # for the prompt positions computed this step
     # A pooling model's step (executor/pooler.py): per sequence its pooled float32 vector (a CPU tensor) if the
     # step finished its prompt, else None; None for a generation step.
     pooled: list | None = None

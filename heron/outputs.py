@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# token id -> logprob, for the sampled token and its top alternatives at one position.
-Logprobs = dict[int, float]
+from heron.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass
@@ -14,7 +13,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[Logprobs] | None
+    logprobs: SampleLogprobs | None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop string or token id that ended it
 
@@ -36,7 +35,7 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    prompt_logprobs: list[Logprobs | None] | None
+    prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
@@ -49,7 +48,7 @@ class BeamSearchSequence:
     decoding; `cum_logprob` the sum of the beam's token logprobs."""
 
     tokens: list[int]
-    logprobs: list[Logprobs]
+    logprobs: SampleLogprobs
     cum_logprob: float = 0.0
     text: str | None = None
     finish_reason: str | None = None

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Protocol, TypeVar
 
 from heron.config import EngineConfig
+from heron.engine.detokenizer import LogprobTexts
 from heron.engine.engine_core import run_engine_core
 from heron.engine.messages import (
     AbortRequest,
@@ -216,6 +217,7 @@ class AsyncLLM:
         self.model_name: str = info.model_name
         self.max_model_len: int = info.max_model_len
         self.tokenizer = info.tokenizer
+        self._logprobs = LogprobTexts(info.tokenizer)  # the requests' Logprob objects, made here
         self.generation_defaults: dict = info.generation_defaults
         self.dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
@@ -268,7 +270,8 @@ class AsyncLLM:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         # The engine never sends the prompt back: its outputs take it from here.
-        outputs = OutputAssembler(request_id, text, list(prompt) if text is None else prompt_ids, params.output_kind)
+        prompt_ids = list(prompt) if text is None else prompt_ids
+        outputs = OutputAssembler(request_id, text, prompt_ids, params.output_kind, self._logprobs)
         stream = RequestStream(self, request_id, outputs)
         self._streams[request_id] = stream
         # Checked after registering: the reader sets `dead` before it tells the registered streams, so a

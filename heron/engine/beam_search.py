@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from heron.engine.request import Request, Sequence, SequenceStatus
 from heron.engine.scheduler import Scheduler
-from heron.outputs import Logprobs
+from heron.logprobs import RawLogprobs
 from heron.sampling_params import BeamSearchParams
 
-# A candidate continuation: (summed logprob, its beam, the token, the token's logprob)
-Candidate = tuple[float, Sequence, int, float]
+# A candidate continuation: (summed logprob, its beam, the token, the token's (logprob, rank))
+Candidate = tuple[float, Sequence, int, tuple[float, int]]
 
 
 def num_logprobs(params: BeamSearchParams, num_eos: int) -> int:
@@ -45,13 +45,13 @@ class BeamSearch:
         self.improvable = True  # transformers' is_early_stop_heuristic_unsatisfied
         self.done = False
 
-    def step(self, reports: list[tuple[Sequence, Logprobs]]) -> list[Candidate]:
+    def step(self, reports: list[tuple[Sequence, RawLogprobs]]) -> list[Candidate]:
         """The beams that reported this step, each with its draw's logprobs (its new token is still pending):
         keeps the hypotheses that finish, and returns the next beams (none when the search is over)."""
         k, p = self.params.beam_width, self.params
         gen_len = reports[0][0].num_output_tokens  # generated tokens, the pending one included
         candidates = sorted(
-            ((seq.cumulative_logprob + lp, seq, tok, lp) for seq, lps in reports for tok, lp in lps.items()),
+            ((seq.cumulative_logprob + lp[0], seq, tok, lp) for seq, lps in reports for tok, lp in lps.items()),
             key=lambda c: -c[0],
         )[: num_logprobs(p, len(self.eos))]
         at_limit = gen_len >= self.max_tokens
@@ -88,7 +88,7 @@ class BeamSearch:
         return out
 
 
-def advance(request: Request, reports: list[tuple[Sequence, Logprobs]], scheduler: Scheduler) -> None:
+def advance(request: Request, reports: list[tuple[Sequence, RawLogprobs]], scheduler: Scheduler) -> None:
     """Apply a step of `request`'s beam search to its sequences: the next beams get their tokens (forking
     a beam picked twice), the others are retired; once it is over, its sequences are the results."""
     for seq, _ in reports:

@@ -10,12 +10,17 @@ replacement character the full decode would not have.
 
 `StopChecker` finds stop strings in newly added text and says how much trailing text a stream must hold
 back while it could still turn into a stop string.
+
+`LogprobTexts` turns the engine's (logprob, rank) pairs into the caller's `Logprob` objects, with each token's
+text.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+
+from heron.logprobs import Logprob, Logprobs, RawLogprobs
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -179,3 +184,25 @@ class StopChecker:
             if any(len(s) > k and s.startswith(tail) for s in self.stop):
                 return k
         return 0
+
+
+class LogprobTexts:
+    """Makes the caller's Logprobs where outputs are made (in the API process for the server: the engine's step
+    sends plain pairs). `decoded_token` is the id decoded alone, as vLLM's (None without a tokenizer), and is
+    remembered per id: every position of a request that asks for logprobs names k + 1 tokens."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, positions: list[RawLogprobs | None] | None) -> list[Logprobs | None] | None:
+        if positions is None:
+            return None
+        text = self._text
+        return [None if p is None else {t: Logprob(v, r, text(t)) for t, (v, r) in p.items()} for p in positions]
+
+    def _text(self, token: int) -> str | None:
+        text = self._texts.get(token)
+        if text is None and self.tokenizer is not None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from heron.logprobs import RawLogprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs
 from heron.pooling_params import PoolingParams
 from heron.sampling_params import SamplingParams
 
@@ -113,7 +113,7 @@ class CompletionDelta(Row):
     text: str = item(1)
     token_ids: list[int] = item(2)
     cumulative_logprob: float | None = item(3)
-    logprobs: list[Logprobs] | None = item(4)
+    logprobs: list[RawLogprobs] | None = item(4)
     finish_reason: str | None = item(5)
     stop_reason: int | str | None = item(6)
 
@@ -129,7 +129,7 @@ class RequestDelta(Row):
     times: tuple[float, float | None, float | None, float | None, float | None] = item(2)
     completions: list[tuple] = item(3)  # CompletionDelta's items; read them through CompletionDelta(c)
     first: bool = item(4)  # the request's first delta, the only one with the next two
-    prompt_logprobs: list[Logprobs | None] | None = item(5)
+    prompt_logprobs: list[RawLogprobs | None] | None = item(5)
     num_cached_tokens: int = item(6)
     embedding: list[float] | None = item(7)  # a pooling request's vector, in its final delta
 

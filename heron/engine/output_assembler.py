@@ -1,11 +1,14 @@
 """The API process's side of a request's outputs: the engine process sends deltas (messages.RequestDelta),
 and the caller gets the RequestOutputs it asked for (SamplingParams.output_kind), each time it asks:
 everything new since it last asked, merged into one delta (DELTA, what the server streams); the whole output
-so far (CUMULATIVE, the default); or the final output only (FINAL_ONLY)."""
+so far (CUMULATIVE, the default); or the final output only (FINAL_ONLY). The deltas' logprobs become Logprob
+objects here, once each."""
 
 from __future__ import annotations
 
+from heron.engine.detokenizer import LogprobTexts
 from heron.engine.messages import CompletionDelta, RequestDelta
+from heron.logprobs import SampleLogprobs
 from heron.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from heron.sampling_params import RequestOutputKind
 
@@ -13,8 +16,17 @@ from heron.sampling_params import RequestOutputKind
 class OutputAssembler:
     """Fed on the event loop's thread (`add`), read by the request's caller (`ready`, `take`)."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], kind: RequestOutputKind):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        kind: RequestOutputKind,
+        logprobs: LogprobTexts | None = None,
+    ):
+        """`logprobs`: the API process's (AsyncLLM's, shared by its requests); None: no tokenizer there."""
         self.request_id, self.prompt, self.prompt_token_ids, self.kind = request_id, prompt, prompt_token_ids, kind
+        self.logprobs = logprobs or LogprobTexts(None)
         self.prompt_logprobs: list | None = None
         self.num_cached_tokens = 0
         self.embedding: list[float] | None = None  # a pooling request's, with its final delta
@@ -28,7 +40,7 @@ class OutputAssembler:
 
     def add(self, delta: RequestDelta) -> None:
         if delta.first:
-            self.prompt_logprobs, self.num_cached_tokens = delta.prompt_logprobs, delta.num_cached_tokens
+            self.prompt_logprobs, self.num_cached_tokens = self.logprobs(delta.prompt_logprobs), delta.num_cached_tokens
         self.finished, self.times = delta.finished, delta.times
         if delta.finished:
             self.embedding = delta.embedding
@@ -40,7 +52,7 @@ class OutputAssembler:
             c = self.completions.get(d.index)
             if c is None:
                 c = self.completions[d.index] = CompletionOutput(d.index, "", [], None, None)
-            _extend(c, d)
+            _extend(c, d, self.logprobs(d.logprobs))
             c.cumulative_logprob, c.finish_reason, c.stop_reason = d.cumulative_logprob, d.finish_reason, d.stop_reason
 
     def ready(self) -> bool:
@@ -76,12 +88,13 @@ class OutputAssembler:
         for delta in self.pending:
             for d in map(CompletionDelta, delta.completions):
                 c = merged.get(d.index)
+                logprobs = self.logprobs(d.logprobs)
                 if c is None:  # the delta's lists are this process's own (unpickled): taken as they are
                     merged[d.index] = CompletionOutput(
-                        d.index, d.text, d.token_ids, d.cumulative_logprob, d.logprobs, d.finish_reason, d.stop_reason
+                        d.index, d.text, d.token_ids, d.cumulative_logprob, logprobs, d.finish_reason, d.stop_reason
                     )
                     continue
-                _extend(c, d)
+                _extend(c, d, logprobs)
                 c.cumulative_logprob, c.finish_reason, c.stop_reason = (
                     d.cumulative_logprob,
                     d.finish_reason,
@@ -97,13 +110,14 @@ class OutputAssembler:
         return outputs
 
 
-def _extend(c: CompletionOutput, d: CompletionDelta) -> None:
+def _extend(c: CompletionOutput, d: CompletionDelta, logprobs: SampleLogprobs | None) -> None:
+    """Add a delta to `c`: `logprobs` are its logprobs as Logprob objects."""
     c.text += d.text
     c.token_ids += d.token_ids
-    if d.logprobs is not None:
+    if logprobs is not None:
         if c.logprobs is None:
             c.logprobs = []
-        c.logprobs += d.logprobs
+        c.logprobs += logprobs
 
 
 def _copy(c: CompletionOutput) -> CompletionOutput:

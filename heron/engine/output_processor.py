@@ -3,9 +3,10 @@ build the `RequestOutput` the caller sees."""
 
 from __future__ import annotations
 
-from heron.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from heron.engine.detokenizer import IncrementalDetokenizer, LogprobTexts, StopChecker
 from heron.engine.request import Request, Sequence
-from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.logprobs import RawLogprobs
+from heron.outputs import CompletionOutput, RequestOutput
 from heron.sampling_params import RequestOutputKind
 
 
@@ -14,8 +15,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._detok: dict[int, IncrementalDetokenizer] = {}  # seq_id -> its detokenizer
         self._stop: dict[int, StopChecker] = {}
+        self.logprobs = LogprobTexts(tokenizer)
 
-    def append(self, seq: Sequence, token: int, logprobs: Logprobs | None, grammar_done: bool | None = None) -> bool:
+    def append(self, seq: Sequence, token: int, logprobs: RawLogprobs | None, grammar_done: bool | None = None) -> bool:
         """Append the next token of `seq`, read back from the device; True when it finishes the sequence
         (the draws of any step launched after it are then dropped). `grammar_done`: the token already went
         to the sequence's matcher (StructuredOutputManager.accept), which then ended or refused it."""
@@ -24,7 +26,7 @@ class OutputProcessor:
         seq.append_token(token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
-            seq.cumulative_logprob += logprobs[token]
+            seq.cumulative_logprob += logprobs[token][0]
         num_tokens = len(seq.token_ids)
         n_out = num_tokens - len(req.prompt_token_ids)
         stopped_by_token = n_out > p.min_tokens - 1 and token in p.all_stop_token_ids
@@ -107,24 +109,31 @@ class OutputProcessor:
         """The request's output now: cumulative, or with RequestOutputKind.DELTA only the tokens, text and
         logprobs added since its last output (prompt fields in the first only)."""
         delta = request.params.output_kind is RequestOutputKind.DELTA
-        outputs = [CompletionOutput(*self.news(s, delta)) for s in sorted(request.seqs, key=lambda s: s.index)]
+        outputs = [self._completion(self.news(s, delta)) for s in sorted(request.seqs, key=lambda s: s.index)]
         first = not delta or not request.sent_prompt
         request.sent_prompt = True
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt if first else None,
             prompt_token_ids=request.prompt_token_ids if first else [],
-            prompt_logprobs=request.prompt_logprobs if first else None,  # complete by the first output
+            # (complete by the first output)
+            prompt_logprobs=self.logprobs(request.prompt_logprobs) if first else None,
             outputs=outputs,
             finished=request.is_finished,
             metrics=request.metrics,
             num_cached_tokens=request.seqs[0].num_cached_tokens,
         )
 
+    def _completion(self, news: tuple) -> CompletionOutput:
+        """`news` as the caller's CompletionOutput: its logprobs as Logprob objects (made anew at each output:
+        a CUMULATIVE one converts all of them, the offline LLM's FINAL_ONLY once)."""
+        index, text, token_ids, cumulative, logprobs, finish_reason, stop_reason = news
+        return CompletionOutput(index, text, token_ids, cumulative, self.logprobs(logprobs), finish_reason, stop_reason)
+
     def news(self, s: Sequence, delta: bool = True) -> tuple:
-        """A sequence's output as CompletionOutput's fields, in order: all of it, or with `delta` only the
-        tokens, text and logprobs added since the previous call. A plain tuple, so that the engine process
-        sends it as it is (engine_core.request_delta)."""
+        """A sequence's output as CompletionOutput's fields, in order (its logprobs as the engine's pairs): all
+        of it, or with `delta` only the tokens, text and logprobs added since the previous call. A plain tuple,
+        so that the engine process sends it as it is (engine_core.request_delta)."""
         p = s.request.params
         start, text_start = (s.num_sent_tokens, s.num_sent_chars) if delta else (0, 0)
         n = s.num_prompt_tokens

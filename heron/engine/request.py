@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heron.batch import SamplingSpec
+from heron.logprobs import RawLogprobs
 from heron.lora_request import LoRARequest
-from heron.outputs import Logprobs, RequestMetrics
+from heron.outputs import RequestMetrics
 from heron.pooling_params import PoolingParams
 from heron.sampling_params import RequestOutputKind, SamplingParams
 
@@ -52,7 +53,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
         self.status = SequenceStatus.WAITING
         self.cumulative_logprob = 0.0
-        self.output_logprobs: list[Logprobs] = []
+        self.output_logprobs: list[RawLogprobs] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.output_text = ""
@@ -130,7 +131,7 @@ class Request:
     priority: int = 0
     seed: int = 0  # the sampler's seed: params.seed, or drawn from the engine's generator
     seqs: list[Sequence] = field(default_factory=list)
-    prompt_logprobs: list[Logprobs | None] | None = None
+    prompt_logprobs: list[RawLogprobs | None] | None = None
     aborted: bool = False
     sent_prompt: bool = False  # a RequestOutputKind.DELTA output carried the prompt fields already
     # A beam search's state, beam_search.BeamSearch (not named here: that module imports this one); while it

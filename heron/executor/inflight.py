@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from heron.batch import ModelRunnerOutput, SamplingSpec
 from heron.executor.graph_keys import GraphKey
 from heron.executor.input_buffers import StepArrays
 from heron.executor.sampler import SamplerOutput, SamplingTensors
-from heron.outputs import Logprobs
+from heron.logprobs import RawLogprobs
 
 
 @dataclass
@@ -43,7 +44,7 @@ class InflightStep:
         num_seqs: int,
         inputs: StepInputs,
         out: SamplerOutput,
-        prompt_lp: tuple[torch.Tensor, torch.Tensor] | None,
+        prompt_lp: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
         tokens_host: torch.Tensor | None,
     ) -> None:
         """`tokens_host`: pinned memory for the sampled tokens, untouched until result() (None: on the CPU)."""
@@ -52,7 +53,7 @@ class InflightStep:
         tokens = to_host(out.token_ids) if tokens_host is None else tokens_host.copy_(out.token_ids, non_blocking=True)
         self._host = [
             tokens,
-            *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, *(prompt_lp or (None, None)))),
+            *(to_host(t) for t in (out.logprob_token_ids, out.logprobs, out.ranks, *(prompt_lp or (None,) * 3))),
         ]
         self._done = None
         if out.token_ids.is_cuda:
@@ -67,25 +68,33 @@ class InflightStep:
     def result(self) -> ModelRunnerOutput:
         if self._done is not None:
             self._done.synchronize()
-        token_ids, lp_ids, lps, prompt_ids, prompt_vals = (None if t is None else t.tolist() for t in self._host)
+        token_ids, lp_ids, lps, ranks, prompt_ids, prompt_vals, prompt_ranks = (
+            None if t is None else t.tolist() for t in self._host
+        )
         inputs, n = self.inputs, self.num_seqs
         none: list[list] = [[]] * n  # (one shared empty list per sequence: read only)
         if inputs.one_row_each and lps is None and prompt_ids is None:  # the common decode step
             return ModelRunnerOutput([[t] for t in token_ids], none, none)
         sampled: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[Logprobs]] = [[] for _ in range(n)] if lps is not None else none
+        logprobs: list[list[RawLogprobs]] = [[] for _ in range(n)] if lps is not None else none
         for r, (i, spec) in enumerate(zip(inputs.seq_of_row, inputs.row_specs)):
             sampled[i].append(token_ids[r])
             k = spec.ints[2]
             if lps is not None and k >= 0:
-                logprobs[i].append(dict(zip(lp_ids[r][: 1 + k], lps[r][: 1 + k])))
-        prompt_logprobs: list[list[Logprobs]] = none
+                logprobs[i].append(_position(lp_ids[r], lps[r], ranks[r], k))
+        prompt_logprobs: list[list[RawLogprobs]] = none
         if prompt_ids is not None:
             prompt_logprobs = [[] for _ in range(n)]
             r = 0
             for i, count, k in inputs.prompt_lp_rows:
                 prompt_logprobs[i] = [
-                    dict(zip(prompt_ids[r + j][: 1 + k], prompt_vals[r + j][: 1 + k])) for j in range(count)
+                    _position(prompt_ids[r + j], prompt_vals[r + j], prompt_ranks[r + j], k) for j in range(count)
                 ]
                 r += count
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
+
+
+def _position(ids: list[int], values: list[float], rank: int, k: int) -> RawLogprobs:
+    """One position from its row of the sampler's output: the chosen token with its `rank`, then the top k
+    ranked 1..k (a chosen token among them keeps its place there, as in vLLM)."""
+    return dict(zip(ids[: 1 + k], zip(values[: 1 + k], itertools.chain((rank,), range(1, k + 1)))))

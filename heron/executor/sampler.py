@@ -175,6 +175,7 @@ class SamplerOutput:
     token_ids: torch.Tensor  # [R]
     logprob_token_ids: torch.Tensor | None  # [R, 1 + K]: the sampled token, then the top K
     logprobs: torch.Tensor | None  # [R, 1 + K]
+    ranks: torch.Tensor | None  # [R]: the sampled token's rank (the top K are ranked 1..K)
 
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -375,9 +376,8 @@ class Sampler:
             thresholds = sampling_thresholds(logits, t)
             token_ids = self._draw(logits)(logits, t.temperature, thresholds, t.seeds, t.counters)
         if raw_logprobs is None:
-            return SamplerOutput(token_ids, None, None)
-        ids, lps = gather_logprobs(raw_logprobs, token_ids, t.max_logprobs)
-        return SamplerOutput(token_ids, ids, lps)
+            return SamplerOutput(token_ids, None, None, None)
+        return SamplerOutput(token_ids, *gather_logprobs(raw_logprobs, token_ids, t.max_logprobs))
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
@@ -390,13 +390,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
     return logits
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[R, 1 + k] ids and logprobs: each row's chosen token first, then its top k."""
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[R, 1 + k] ids and logprobs: each row's chosen token first, then its top k; and [R] the chosen token's
+    rank, 1 + the count of its row's logprobs above its own (one more pass over the rows, on the device:
+    it is read back with the rest, no sync of its own)."""
     chosen = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs > chosen).sum(-1) + 1
     if k == 0:
-        return token_ids[:, None], chosen
+        return token_ids[:, None], chosen, ranks
     top_lps, top_ids = logprobs.topk(k, dim=-1)
-    return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_lps], 1)
+    return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_lps], 1), ranks
 
 
 def _pad(rows: list[list[int]], value: int) -> list[list[int]]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from heron.engine.detokenizer import LogprobTexts
 from heron.engine.engine_core import request_delta
 from heron.engine.messages import AddRequest, CompletionDelta, RequestDelta, StepOutputs
 from heron.engine.output_assembler import OutputAssembler
@@ -38,9 +39,10 @@ def test_assembled_deltas_equal_the_engines_outputs(embedded_llm, prompt_kind):
         prompt_token_ids=ids if prompt_kind == "text" else None,
     )
     head = ("delta", text if prompt_kind == "text" else None, ids)
-    cumulative = OutputAssembler(*head, RequestOutputKind.CUMULATIVE)
-    deltas = OutputAssembler(*head, RequestOutputKind.DELTA)
-    final = OutputAssembler(*head, RequestOutputKind.FINAL_ONLY)
+    texts = LogprobTexts(engine.tokenizer)  # the Logprob objects' maker, as AsyncLLM's
+    cumulative = OutputAssembler(*head, RequestOutputKind.CUMULATIVE, texts)
+    deltas = OutputAssembler(*head, RequestOutputKind.DELTA, texts)
+    final = OutputAssembler(*head, RequestOutputKind.FINAL_ONLY, texts)
     summed: dict[int, list] = {}
     steps = 0
     while engine.has_unfinished():

@@ -107,11 +107,11 @@ def test_logprobs_and_prompt_logprobs(embedded_llm):
     assert len(c.logprobs) == 4
     for tok, lp in zip(c.token_ids, c.logprobs):
         assert tok in lp and 3 <= len(lp) <= 4
-        assert lp[tok] == max(lp.values())  # greedy picks the most likely token
-    assert c.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(c.token_ids, c.logprobs)))
+        assert lp[tok].logprob == max(v.logprob for v in lp.values()) and lp[tok].rank == 1  # greedy: the most likely
+    assert c.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)))
     assert len(out.prompt_logprobs) == len(out.prompt_token_ids) and out.prompt_logprobs[0] is None
     for tok, lp in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
-        assert tok in lp and all(v <= 0 for v in lp.values())
+        assert tok in lp and all(v.logprob <= 0 and v.rank >= 1 for v in lp.values())
 
 
 def test_prompt_over_max_model_len_names_both_lengths(embedded_llm):

@@ -108,6 +108,21 @@ def test_logprobs_are_log_softmax_of_the_raw_logits(k):
         assert math.isclose(out.logprobs[0, 1].item(), ref[0].max().item(), rel_tol=1e-6)
 
 
+def test_the_sampled_tokens_rank_is_its_place_in_the_vocabulary():
+    # Row 0's logit_bias forces a token whose raw logprob (what is reported) ranks far below the top 2; row 1
+    # is greedy, row 2 draws.
+    torch.manual_seed(2)
+    logits = torch.randn(3, V)
+    forced = int(logits[0].argsort()[3])  # the 4th least likely
+    params = [SamplingParams(temperature=0, logit_bias={forced: 100.0}, logprobs=2)]
+    params += [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=1.0, logprobs=2)]
+    out = sample(logits, params)
+    order = logits.log_softmax(-1).argsort(-1, descending=True)  # brute force: each row's tokens by rank
+    want = [1 + order[r].tolist().index(t) for r, t in enumerate(out.token_ids.tolist())]
+    assert out.ranks.tolist() == want
+    assert out.token_ids[0].item() == forced and want[0] == V - 3 and want[1] == 1
+
+
 def _kept_by_definition(x: torch.Tensor, p: SamplingParams) -> set[int]:
     """Top-k by rank, then the top-p nucleus of softmax(x / T) over those, then min-p; in float64."""
     x = x.double()

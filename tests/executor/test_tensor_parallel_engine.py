@@ -64,7 +64,7 @@ def test_two_ranks_generate_what_one_does(arch, tiny_model_dir):
         assert len(lp) == len(expected_lp) == len(PROMPTS[1]) and lp[0] is None
         for got, want in zip(lp[1:], expected_lp[1:]):
             assert got.keys() == want.keys()
-            assert all(abs(got[t] - want[t]) < 1e-4 for t in got)
+            assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
     finally:
         llm.shutdown()
     assert all(p.exitcode == 0 for p in llm.engine.tp_workers.procs)

@@ -30,7 +30,7 @@ from heron.entrypoints.openai.protocol import (
 )
 from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing, message_text
 from heron.entrypoints.openai.serving_tools import CallExtractor, ToolCalling
-from heron.outputs import Logprobs
+from heron.logprobs import Logprobs
 from heron.sampling_params import SamplingParams
 
 
@@ -181,10 +181,10 @@ class OpenAIServingChat(OpenAIServing):
     def _logprobs(self, token_ids: list[int], lps: list[Logprobs] | None, k: int) -> ChatChoiceLogprobs:
         content = []
         for tok, lp in zip(token_ids, lps or []):
-            s = self.token_str(tok)
+            s = lp[tok].decoded_token
             top = [
-                ChatTopLogprob(token=self.token_str(t), logprob=v, bytes=list(self.token_str(t).encode()))
-                for t, v in self.top_logprobs(lp, k)
+                ChatTopLogprob(token=v.decoded_token, logprob=v.logprob, bytes=list(v.decoded_token.encode()))
+                for v in self.top_logprobs(lp, k)
             ]
-            content.append(ChatTokenLogprob(token=s, logprob=lp[tok], bytes=list(s.encode()), top_logprobs=top))
+            content.append(ChatTokenLogprob(token=s, logprob=lp[tok].logprob, bytes=list(s.encode()), top_logprobs=top))
         return ChatChoiceLogprobs(content=content)

@@ -16,7 +16,8 @@ from heron.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from heron.entrypoints.openai.serving_engine import EventStream, Fragment, OpenAIServing
-from heron.outputs import Logprobs, RequestOutput
+from heron.logprobs import Logprobs
+from heron.outputs import RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -110,8 +111,8 @@ class OpenAIServingCompletion(OpenAIServing):
             lp = lps[j] if j < len(lps) else None
             into.tokens.append(s)
             into.text_offset.append(offset)
-            into.token_logprobs.append(lp[tok] if lp is not None else None)
-            into.top_logprobs.append({self.token_str(t): v for t, v in lp.items()} if lp is not None else None)
+            into.token_logprobs.append(lp[tok].logprob if lp is not None else None)
+            into.top_logprobs.append({v.decoded_token: v.logprob for v in lp.values()} if lp is not None else None)
             offset += len(s)
 
 

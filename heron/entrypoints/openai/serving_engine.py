@@ -46,8 +46,9 @@ from heron.entrypoints.openai.protocol import (
 from heron.entrypoints.openai.serving_models import OpenAIServingModels
 from heron.entrypoints.openai.serving_tools import template_tool_calls
 from heron.entrypoints.openai.structured_outputs import structured_outputs_params
+from heron.logprobs import Logprob, Logprobs
 from heron.metrics import ServerMetrics
-from heron.outputs import CompletionOutput, Logprobs, RequestOutput
+from heron.outputs import CompletionOutput, RequestOutput
 from heron.sampling_params import RANGES, BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -304,24 +305,19 @@ class OpenAIServing:
         return picked
 
     def prompt_logprobs(self, lps: list[Logprobs | None] | None) -> PromptLogprobs | None:
-        """The prompt's logprobs as vLLM returns them: per position, token id -> logprob, rank and text; the
-        rank of a prompt token outside the top k is unknown (None)."""
+        """The prompt's logprobs as vLLM returns them: per position, token id -> logprob, rank and text, most
+        likely first (the prompt token's rank is its rank in the vocabulary, past k when outside the top k)."""
         if lps is None:
             return None
-        out: PromptLogprobs = []
-        for lp in lps:
-            if lp is None:
-                out.append(None)
-                continue
-            ranked = sorted(lp.items(), key=lambda kv: -kv[1])
-            k = len(ranked) if len(ranked) == 1 else len(ranked) - 1  # the prompt token and its top k
-            out.append(
-                {
-                    str(t): PromptLogprob(logprob=v, rank=r + 1 if r < k else None, decoded_token=self.token_str(t))
-                    for r, (t, v) in enumerate(ranked)
-                }
-            )
-        return out
+        return [
+            None
+            if lp is None
+            else {
+                str(t): PromptLogprob(logprob=v.logprob, rank=v.rank, decoded_token=v.decoded_token)
+                for t, v in sorted(lp.items(), key=lambda kv: -kv[1].logprob)
+            }
+            for lp in lps
+        ]
 
     async def start(
         self,
@@ -548,9 +544,9 @@ class OpenAIServing:
     def token_str(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def top_logprobs(self, lps: Logprobs, k: int) -> list[tuple[int, float]]:
+    def top_logprobs(self, lps: Logprobs, k: int) -> list[Logprob]:
         """The k most likely tokens of a position (its dict holds the sampled token and the top k)."""
-        return sorted(lps.items(), key=lambda kv: -kv[1])[:k]
+        return sorted(lps.values(), key=lambda v: -v.logprob)[:k]
 
 
 def _beam_search(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> BeamSearchParams | None:
