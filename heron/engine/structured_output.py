@@ -20,7 +20,13 @@ token in the matcher, so the step is pipelined in two halves (LLMEngine._grammar
 forward pass launched as any other while the step before is still on the device; then that step is read back,
 its tokens advance the matchers, and `fill_bitmask` fills the masks on xgrammar's threads (the GIL released)
 while the forward pass runs; the sampling is launched last. The read-back hands a step's tokens to their
-matchers on a thread pool (`accept`) before the sequences take them. Steps without a grammar row are unchanged.
+matchers at once (`accept`: xgrammar's batch accept, one C++ call per pool thread) before the sequences take
+them. Steps without a grammar row are unchanged.
+
+The matchers know the tokenizer's ids only (`mask_vocab`), not the logits' padding past them: xgrammar counts
+each padded id as a special token and scans them all in every accept_token (the `structured` workload,
+SmolLM2's 49,152 ids on Qwen3's 151,936 logits, paid ~35 us a token for it, 1.5 us without). The mask's words
+past mask_vocab are set here: nothing allowed on a grammar's row, everything on a free row.
 
 JSON comes in xgrammar's compact layout (no free whitespace between tokens), so that a small model cannot spend
 its tokens on whitespace before the object closes.
