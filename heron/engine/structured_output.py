@@ -107,7 +107,7 @@ class StructuredOutputManager:
         the host threads that accept a step's tokens and fill its masks (default: half the cores, at most 8)."""
         # xgrammar counts every id past the tokenizer's as a special token, and accept_token scans that list
         # (~0.3 ns an id): a model whose logits are far wider than its tokenizer (the `structured` workload:
-        # SmolLM2's 49,152 ids on Qwen3's 151,936) paid ~33 us a token. So the matchers see the tokenizer's ids
+        # SmolLM2's 49,152 ids on Qwen3's 151,936) paid ~35 us a token. So the matchers see the tokenizer's ids
         # only (rounded up to a word), and the bitmask's words past them are set here.
         self.mask_vocab = min(vocab_size, -(-(max(tokenizer.get_vocab().values()) + 1) // 32) * 32)
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.mask_vocab)
