@@ -142,6 +142,8 @@ for s in $SECTIONS; do case $s in
     # Where the embedded model's package is absent (the device image), carry its tokenizer: STRUCTURED_TOKENIZER=DIR.
     TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
     [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
+    # the host's grammar work per step alone (accept, fill) with 1, 4 and 8 threads on this host's cores
+    run grammar-host python3 benchmarks/grammar_host.py --tokenizer "$TOK" --threads 1 4 8
     run structured-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --tokenizer "$TOK" --structured-output json-schema --no-limit \
         --save-result --result-name structured-qwen3-0.6b --max-model-len 4096 ;;

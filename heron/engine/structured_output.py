@@ -20,7 +20,13 @@ token in the matcher, so the step is pipelined in two halves (LLMEngine._grammar
 forward pass launched as any other while the step before is still on the device; then that step is read back,
 its tokens advance the matchers, and `fill_bitmask` fills the masks on xgrammar's threads (the GIL released)
 while the forward pass runs; the sampling is launched last. The read-back hands a step's tokens to their
-matchers on a thread pool (`accept`) before the sequences take them. Steps without a grammar row are unchanged.
+matchers at once (`accept`: xgrammar's batch accept, one C++ call per pool thread) before the sequences take
+them. Steps without a grammar row are unchanged.
+
+The matchers know the tokenizer's ids only (`mask_vocab`), not the logits' padding past them: xgrammar counts
+each padded id as a special token and scans them all in every accept_token (the `structured` workload,
+SmolLM2's 49,152 ids on Qwen3's 151,936 logits, paid ~35 us a token for it, 1.5 us without). The mask's words
+past mask_vocab are set here: nothing allowed on a grammar's row, everything on a free row.
 
 JSON comes in xgrammar's compact layout (no free whitespace between tokens), so that a small model cannot spend
 its tokens on whitespace before the object closes.
@@ -38,10 +44,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import xgrammar as xgr
+from xgrammar.base import _core
 
 from heron.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 128  # compiled grammars kept (a JSON schema's takes some kB to a few MB)
+MIN_ACCEPT_ROWS = 64  # a pool thread's share of a step's accepts (~1.5 us each): well over a hand-off's cost
 
 
 def constraint(params: StructuredOutputsParams) -> tuple[str, object]:
@@ -90,24 +98,39 @@ def _first_line(e: Exception) -> str:
 
 
 class StructuredOutputManager:
-    """The engine's grammar compiler (one per tokenizer), its cache, and the step's bitmask filling."""
+    """The engine's grammar compiler (one per tokenizer), its cache, and the step's accepting and bitmask filling."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_num_seqs: int, device: torch.device) -> None:
-        """vocab_size: the width of the model's logits (tokens past the tokenizer's are never allowed)."""
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    def __init__(
+        self, tokenizer, vocab_size: int, max_num_seqs: int, device: torch.device, threads: int | None = None
+    ) -> None:
+        """vocab_size: the width of the model's logits (tokens past the tokenizer's are never allowed). threads:
+        the host threads that accept a step's tokens and fill its masks (default: half the cores, at most 8)."""
+        # xgrammar counts every id past the tokenizer's as a special token, and accept_token scans that list
+        # (~0.3 ns an id): a model whose logits are far wider than its tokenizer (the `structured` workload:
+        # SmolLM2's 49,152 ids on Qwen3's 151,936) paid ~35 us a token. So the matchers see the tokenizer's ids
+        # only (rounded up to a word), and the bitmask's words past them are set here.
+        self.mask_vocab = min(vocab_size, -(-(max(tokenizer.get_vocab().values()) + 1) // 32) * 32)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.mask_vocab)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)  # (cached here, by key)
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-compile")
-        self._batch_matcher = xgr.BatchGrammarMatcher()  # fills a step's rows on xgrammar's own threads
-        self._threads = max(1, min(8, (os.cpu_count() or 2) // 2))  # (as many as BatchGrammarMatcher's, at most 8)
+        self._threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        self._batch_matcher = xgr.BatchGrammarMatcher(self._threads)  # fills a step's rows on its own threads
         self._accept_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="heron-grammar-accept")
+        self._stop_ids: set[int] = set()  # the tokens that can end a matcher (the only ones is_terminated needs)
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
-        # One host bitmask for the step's rows, pinned on a GPU so that its upload is queued, not waited for. A
-        # single buffer is enough: a step's masks are filled after the step before is read back, and so after
-        # the upload of its masks.
+        # One host bitmask for the step's rows, as wide as the logits, pinned on a GPU so that its upload is
+        # queued, not waited for; xgrammar fills rows as wide as mask_vocab (`_filled`, the same tensor when
+        # the widths agree). A single buffer is enough: a step's masks are filled after the step before is
+        # read back, and so after the upload of its masks.
         self._bitmask = xgr.allocate_token_bitmask(max_num_seqs, vocab_size)
         if device.type == "cuda":
             self._bitmask = self._bitmask.pin_memory()
+        self._filled = self._bitmask
+        if self.mask_vocab < vocab_size:
+            self._filled = xgr.allocate_token_bitmask(max_num_seqs, self.mask_vocab)
+            self._bitmask[:, self._filled.shape[1] :] = 0
+        self._free_tails: list[int] = []  # the rows whose words past mask_vocab are all ones (no grammar)
 
     def compile(self, params: StructuredOutputsParams) -> Future[xgr.CompiledGrammar]:
         """The compiled grammar of `params`, from the cache or compiled in the pool. Raises ValueError (naming
@@ -126,42 +149,63 @@ class StructuredOutputManager:
                 self._cache.popitem(last=False)
         return future
 
-    @staticmethod
-    def matcher(compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> xgr.GrammarMatcher:
+    def matcher(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> xgr.GrammarMatcher:
         """A sequence's matcher: it ends on the model's EOS tokens (those the engine stops on)."""
-        return xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+        self._stop_ids.update(matcher.stop_token_ids)
+        return matcher
 
     def accept(self, matchers: list[xgr.GrammarMatcher], tokens: list[int]) -> list[bool]:
-        """Advance each matcher by its token, on the pool's threads (xgrammar releases the GIL; a JSON schema's
-        token takes tens of microseconds); per matcher: whether it refused the token or has ended."""
-        chunks = [range(i, len(matchers), self._threads) for i in range(min(self._threads, len(matchers)))]
-        done = [False] * len(matchers)
-
-        def run(rows: range) -> None:
-            for i in rows:
-                done[i] = not matchers[i].accept_token(tokens[i]) or matchers[i].is_terminated()
-
-        if len(chunks) > 1:
-            list(self._accept_pool.map(run, chunks))
-        elif chunks:
-            run(chunks[0])
-        return done
+        """Advance each matcher by its token; per matcher: whether it refused the token or has ended. The rows
+        go to xgrammar's batch accept, one C++ call (which releases the GIL) per pool thread, each with at
+        least MIN_ACCEPT_ROWS rows: a call per row cost twice the accept itself in Python and FFI."""
+        n = len(matchers)
+        parts = max(1, min(self._threads, n // MIN_ACCEPT_ROWS))
+        if parts == 1:
+            accepted = _batch_accept(matchers, tokens)
+        else:
+            bounds = [n * k // parts for k in range(parts + 1)]
+            spans = zip(bounds[:-1], bounds[1:])
+            chunks = self._accept_pool.map(
+                lambda span: _batch_accept(matchers[slice(*span)], tokens[slice(*span)]), spans
+            )
+            accepted = [ok for chunk in chunks for ok in chunk]
+        # A matcher ends only by accepting a stop token (and refuses every token once ended).
+        stops = self._stop_ids
+        return [not ok or (t in stops and m.is_terminated()) for ok, t, m in zip(accepted, tokens, matchers)]
 
     def fill_bitmask(self, matchers: list[xgr.GrammarMatcher | None]) -> torch.Tensor:
         """The bitmask of a step's sampled rows (None: a row without a grammar, all allowed), [len(matchers), W]
-        int32 on the host, filled on xgrammar's threads."""
-        return _fill(self._batch_matcher, matchers, self._bitmask[: len(matchers)])
+        int32 on the host, filled on xgrammar's threads. (The host's copies go through numpy: torch's threaded
+        ones of a few MB took ~10 ms on a busy host.)"""
+        n = len(matchers)
+        free = _fill(self._batch_matcher, matchers, self._filled[:n])
+        if self._filled is not self._bitmask:
+            wide, width = self._bitmask.numpy(), self._filled.shape[1]
+            wide[:n, :width] = self._filled.numpy()[:n]
+            # The words past the tokenizer's ids: 0 (nothing allowed) but on the rows without a grammar.
+            wide[self._free_tails, width:] = 0
+            wide[free, width:] = -1
+            self._free_tails = free
+        return self._bitmask[:n]
 
 
-def _fill(
-    batch: xgr.BatchGrammarMatcher, matchers: list[xgr.GrammarMatcher | None], mask: torch.Tensor
-) -> torch.Tensor:
-    """Each distinct matcher's row once (the n rows of a request's first draw share one), then the copies."""
-    mask.fill_(-1)
+def _batch_accept(matchers: list[xgr.GrammarMatcher], tokens: list[int]) -> list[bool]:
+    """xgrammar's batch accept, in one C++ call; per matcher: whether it took its token. (The public
+    `BatchGrammarMatcher.batch_accept_token` reads its result back with an FFI call per row, ~3 us each: twice
+    the accept itself. Here it is read only when some row refused its token, which a masked draw never does.)"""
+    result = _core.BatchGrammarMatcher.batch_accept_token([m._handle for m in matchers], tokens, False)
+    return [bool(ok) for ok in result] if 0 in result else [True] * len(matchers)
+
+
+def _fill(batch: xgr.BatchGrammarMatcher, matchers: list[xgr.GrammarMatcher | None], mask: torch.Tensor) -> list[int]:
+    """Each distinct matcher's row once (the n rows of a request's first draw share one), then the copies; a row
+    without a matcher all ones. Returns the rows without a matcher."""
     first: dict[int, int] = {}
-    rows, distinct, copies = [], [], []
+    rows, distinct, copies, free = [], [], [], []
     for i, m in enumerate(matchers):
         if m is None:
+            free.append(i)
             continue
         j = first.setdefault(id(m), i)
         if j == i:
@@ -170,6 +214,8 @@ def _fill(
         else:
             copies.append((i, j))
     batch.batch_fill_next_token_bitmask(distinct, mask, rows)
+    words = mask.numpy()
+    words[free] = -1
     for i, j in copies:
-        mask[i] = mask[j]
-    return mask
+        words[i] = words[j]
+    return free

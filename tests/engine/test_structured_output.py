@@ -7,10 +7,13 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
+import xgrammar as xgr
 
 from heron import SamplingParams
+from heron.engine import structured_output
 from heron.engine.structured_output import StructuredOutputManager, build_grammar, cache_key
 from heron.executor.sampler import apply_token_bitmask
 from heron.sampling_params import StructuredOutputsParams as S
@@ -74,6 +77,46 @@ def test_the_matcher_and_its_mask_follow_a_choice(embedded_tokenizer):
     done = apply_token_bitmask(torch.zeros(1, vocab), manager.fill_bitmask([matcher]))
     assert done[0].isfinite().nonzero()[:, 0].tolist() == [eos]  # the choice is complete: only EOS
     assert matcher.accept_token(eos) and matcher.is_terminated()
+
+
+def test_batched_accept_and_masks_equal_each_matchers_own_on_padded_logits(embedded_tokenizer, monkeypatch):
+    """The manager's accept (xgrammar's batch accept, split between threads) and masks (filled for the tokenizer's
+    ids, widened to the logits) against plain matchers on a vocabulary as wide as the logits, as before."""
+    monkeypatch.setattr(structured_output, "MIN_ACCEPT_ROWS", 8)  # 24 rows: the accept split between 2 threads
+    tok, eos, rows = embedded_tokenizer, embedded_tokenizer.eos_token_id, 24
+    vocab = len(tok) + 96  # logits wider than the tokenizer, as a padded embedding makes them
+    manager = StructuredOutputManager(tok, vocab, rows + 2, torch.device("cpu"), threads=2)
+    assert manager.mask_vocab == len(tok)
+    ours = [manager.matcher(manager.compile(S(json=SCHEMA)).result(), [eos]) for _ in range(rows)]
+    wide = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab))
+    compiled = wide.compile_json_schema(SCHEMA, any_whitespace=False, strict_mode=True)
+    refs = [xgr.GrammarMatcher(compiled, override_stop_tokens=[eos]) for _ in range(rows)]
+    ref_mask = xgr.allocate_token_bitmask(1, vocab)
+    rng = np.random.default_rng(0)
+    live, refused = list(range(rows)), 0
+    for step in range(40):
+        # a row without a grammar (moving, so that its all-ones tail is reset) and a matcher drawn twice
+        matchers = [ours[i] for i in live]
+        free = step % len(matchers)
+        mask = manager.fill_bitmask([*matchers[:free], None, *matchers[free:], matchers[0]]).clone()
+        assert (mask[free] == -1).all()
+        mask = torch.cat([mask[:free], mask[free + 1 :]])
+        assert torch.equal(mask[-1], mask[0])
+        tokens = []
+        for row, i in enumerate(live):
+            refs[i].fill_next_token_bitmask(ref_mask)
+            assert torch.equal(mask[row], ref_mask[0]), (step, i)
+            allowed = np.flatnonzero(np.unpackbits(ref_mask[0].numpy().view(np.uint8), bitorder="little"))
+            if row == 0 and step % 8 == 7:  # a token the grammar refuses
+                tokens.append(int(rng.choice(np.setdiff1d(np.arange(len(tok)), allowed))))
+                refused += 1
+            else:
+                tokens.append(eos if eos in allowed and rng.random() < 0.3 else int(rng.choice(allowed)))
+        done = manager.accept([ours[i] for i in live], tokens)
+        assert done == [not refs[i].accept_token(t) or refs[i].is_terminated() for i, t in zip(live, tokens)]
+        live = [i for i, d in zip(live, done) if not d]
+    closed = sum(m.is_terminated() for m in ours)
+    assert closed > 3 and rows - closed - len(live) == refused and live  # closed, refused, going on
 
 
 def _texts(llm, prompts, params):
