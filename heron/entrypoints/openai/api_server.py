@@ -167,17 +167,24 @@ def _ready(raw: Request) -> ServerState:
     return s
 
 
+def runner_mismatch(engine_runner: str, api: str, runner: str) -> ApiError | None:
+    """A 400 that says which runner serves `api` when the engine's is not `runner` (as vLLM answers an
+    endpoint its model does not support), else None."""
+    if engine_runner == runner:
+        return None
+    how = (
+        "for embeddings (--runner pooling): POST /v1/embeddings, or serve it without --runner pooling to generate"
+        if runner == "generate"
+        else "for generation: serve it with --runner pooling for embeddings"
+    )
+    return ApiError(400, f"The model does not support the {api}: this server runs it {how}.", param="model")
+
+
 def _serving(raw: Request, api: str, runner: str = "generate") -> ServerState:
-    """The state, once the model is loaded, if the engine's runner serves `api`; else a 400 that says which
-    runner does (as vLLM answers an endpoint its model does not support)."""
+    """The state, once the model is loaded, if the engine's runner serves `api`."""
     s = _ready(raw)
-    if s.engine.info.runner != runner:
-        how = (
-            "for embeddings (--runner pooling): POST /v1/embeddings, or serve it without --runner pooling to generate"
-            if runner == "generate"
-            else "for generation: serve it with --runner pooling for embeddings"
-        )
-        raise ApiError(400, f"The model does not support the {api}: this server runs it {how}.", param="model")
+    if (error := runner_mismatch(s.engine.info.runner, api, runner)) is not None:
+        raise error
     return s
 
 

@@ -1,11 +1,13 @@
 """`heron run-batch -i requests.jsonl -o results.jsonl`: an OpenAI Batch API file, run without HTTP, as
 `vllm run-batch` does.
 
-Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`;
+Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
+"/v1/embeddings", "body"}` (embeddings with `--runner pooling`, generation without, as the server);
 each output line `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`, in the order
 requests finish. A body goes through the server's own route: its request model (a rejected field is the
 server's 400, `api_server.validation_error`), then the endpoint's handler (`OpenAIServingChat.create`,
-`OpenAIServingCompletion.create`) over the same engine process (`AsyncLLM`), so a line's response body is
+`OpenAIServingCompletion.create`, `OpenAIServingEmbedding.create`) over the same engine process (`AsyncLLM`),
+so a line's response body is
 the one `heron serve` returns for that request. A bad line (not JSON, no custom_id, an unknown url, a body the
 server refuses) becomes an error line with the server's status and error body; the job goes on. A dead engine
 stops it (what is left runs again under --resume).
@@ -32,16 +34,19 @@ from tqdm.auto import tqdm
 from heron.engine.async_llm import AsyncLLM
 from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.entrypoints.openai.admission import Admission
-from heron.entrypoints.openai.api_server import validation_error
+from heron.entrypoints.openai.api_server import runner_mismatch, validation_error
 from heron.entrypoints.openai.errors import ApiError, api_error
 from heron.entrypoints.openai.limits import DEFAULT_MAX_SEQS_PER_REQUEST, RequestLimits
 from heron.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIBaseModel
+from heron.entrypoints.openai.protocol_embeddings import EmbeddingRequest
 from heron.entrypoints.openai.serving_chat import OpenAIServingChat
 from heron.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from heron.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from heron.entrypoints.openai.serving_engine import OpenAIServing
 from heron.metrics import ServerMetrics
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-_ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl"}
+_ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl", EMBEDDINGS: "embd"}
 
 
 def resume_output(path: str) -> set[str]:
@@ -92,18 +97,20 @@ class Summary:
 class BatchRunner:
     """Answers lines with the server's routes: its request models, then its handlers over `engine`."""
 
-    def __init__(self, engine: AsyncLLM | DataParallelAsyncLLM) -> None:
+    def __init__(self, engine: AsyncLLM | DataParallelAsyncLLM, served_model_names: list[str] | None = None) -> None:
         self.engine = engine
-        names = [engine.model_name]
+        names = served_model_names or [engine.model_name]
         admission = Admission(None)  # the window of lines in flight is the only queue
         metrics = ServerMetrics(
             names[0], engine.get_stats, lambda: admission.waiting, max_model_len=engine.max_model_len
         )
         limits = RequestLimits.of(engine.info, DEFAULT_MAX_SEQS_PER_REQUEST)
         common = dict(engine=engine, served_model_names=names, metrics=metrics, admission=admission, limits=limits)
-        self.routes: dict[str, tuple[type[OpenAIBaseModel], OpenAIServingChat | OpenAIServingCompletion]] = {
-            CHAT: (ChatCompletionRequest, OpenAIServingChat(**common)),
-            COMPLETIONS: (CompletionRequest, OpenAIServingCompletion(**common)),
+        # url -> (request model, handler, the API's name, the runner that serves it): as the server's routes
+        self.routes: dict[str, tuple[type[OpenAIBaseModel], OpenAIServing, str, str]] = {
+            CHAT: (ChatCompletionRequest, OpenAIServingChat(**common), "Chat Completions API", "generate"),
+            COMPLETIONS: (CompletionRequest, OpenAIServingCompletion(**common), "Completions API", "generate"),
+            EMBEDDINGS: (EmbeddingRequest, OpenAIServingEmbedding(**common), "Embeddings API", "pooling"),
         }
 
     def parse(self, text: str) -> Line:
@@ -120,23 +127,23 @@ class BatchRunner:
             line.error = ApiError(400, "custom_id (a string) is required.")
         elif raw.get("method", "POST") != "POST":
             line.error = ApiError(400, f"method {raw.get('method')!r} is not supported: only POST.", param="method")
-        elif line.url == EMBEDDINGS:
-            line.error = ApiError(400, "/v1/embeddings is not supported by run-batch yet.", param="url")
         elif line.url not in self.routes:
-            line.error = ApiError(400, f"url {line.url!r} is not one of {CHAT}, {COMPLETIONS}.", param="url")
+            line.error = ApiError(400, f"url {line.url!r} is not one of {', '.join(self.routes)}.", param="url")
         elif not isinstance(line.body, dict):
             line.error = ApiError(400, "body (a JSON object) is required.", param="body")
         return line
 
     async def answer(self, line: Line) -> Answer:
         """What the server answers for the line's request; raises only when the engine has died."""
-        model, serving = self.routes[line.url]
+        model, serving, api, runner = self.routes[line.url]
         try:
             try:
                 req = model.model_validate(line.body)
             except ValidationError as e:  # as FastAPI reports a body's errors
                 raise validation_error([{**x, "loc": ("body", *x["loc"])} for x in e.errors()]) from None
-            if req.stream:
+            if (mismatch := runner_mismatch(self.engine.info.runner, api, runner)) is not None:
+                raise mismatch
+            if getattr(req, "stream", False):
                 raise ApiError(400, "stream is not supported in a batch.", param="stream")
             response = await serving.create(req, None)  # (no client to hang up)
             return Answer(line, 200, response.model_dump(mode="json"))
@@ -149,11 +156,16 @@ class BatchRunner:
 
 
 def run_batch(
-    engine: AsyncLLM | DataParallelAsyncLLM, input_file: str, out: TextIO, done: set[str], progress: bool = True
+    engine: AsyncLLM | DataParallelAsyncLLM,
+    input_file: str,
+    out: TextIO,
+    done: set[str],
+    progress: bool = True,
+    served_model_names: list[str] | None = None,
 ) -> Summary:
     """Run every line of `input_file` whose custom_id is not in `done`, writing each result line to `out`
-    (flushed) as it finishes."""
-    return asyncio.run(_run(BatchRunner(engine), input_file, out, done, progress))
+    (flushed) as it finishes; a body's `model` may be any of `served_model_names` (default: the engine's name)."""
+    return asyncio.run(_run(BatchRunner(engine, served_model_names), input_file, out, done, progress))
 
 
 async def _run(runner: BatchRunner, input_file: str, out: TextIO, done: set[str], progress: bool) -> Summary:
@@ -167,7 +179,8 @@ async def _run(runner: BatchRunner, input_file: str, out: TextIO, done: set[str]
         line, body = answer.line, answer.body
         if line.error is None:
             request_id, error = body["id"], None
-            tokens += body["usage"]["completion_tokens"]
+            usage = body["usage"]
+            tokens += usage.get("completion_tokens", usage["prompt_tokens"])  # (an embedding's are its prompt's)
         else:
             summary.errors += 1
             request_id = f"{_ID_PREFIX.get(line.url, 'batch')}-{uuid.uuid4().hex}"

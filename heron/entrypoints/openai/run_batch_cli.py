@@ -20,6 +20,12 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output-file", required=True, help="the results, one JSON object a line")
     p.add_argument("--resume", action="store_true", help="skip the custom_ids already in the output file")
     p.add_argument("--model", default=None, help="HF folder, hub id or .gguf file (default: the embedded model)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the names a line's body may give as its model, as `heron serve --served-model-name`",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument(
         "--cpu-threads",
@@ -38,13 +44,14 @@ def main(args: argparse.Namespace) -> int:
     from heron.entrypoints.openai.run_batch import resume_output, run_batch
     from heron.entrypoints.openai.server_config import engine_cpu_threads
 
-    config = engine_config(args)
+    names = args.served_model_name
+    config = engine_config(args, served_model_name=names[0] if names else None)
     engine_class = DataParallelAsyncLLM if config.parallel.data_parallel_size > 1 else AsyncLLM
     engine = engine_class.from_config(config, cpu_threads=engine_cpu_threads(args, config))
     done = resume_output(args.output_file) if args.resume else set()
     try:
         with open(args.output_file, "a" if args.resume else "w", encoding="utf-8") as out:
-            summary = run_batch(engine, args.input_file, out, done, args.progress)
+            summary = run_batch(engine, args.input_file, out, done, args.progress, names)
     finally:
         engine.shutdown()
     print(

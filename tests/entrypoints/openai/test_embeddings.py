@@ -4,6 +4,9 @@ through the openai SDK, float and base64, against transformers; bad inputs and t
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -122,3 +125,34 @@ def test_embeddings_on_a_generation_server_is_a_400(server):
     assert r.status_code == 400, r.text
     assert "does not support the Embeddings API" in r.json()["error"]["message"]
     assert "--runner pooling" in r.json()["error"]["message"]
+
+
+def test_run_batch_embeddings_answer_as_the_server(pooling_server, folder, expected, tmp_path):
+    """`heron run-batch --runner pooling`: /v1/embeddings lines answered as the pooling server answers them
+    (equal to transformers), a generation line the server's 400 naming the runner."""
+    embed, tok = expected
+    bodies = {
+        "one": ("/v1/embeddings", {"model": MODEL, "input": TEXTS[0]}),
+        "two": ("/v1/embeddings", {"model": MODEL, "input": TEXTS, "encoding_format": "float"}),
+        "chat": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    }
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": k, "url": u, "body": b}) + "\n" for k, (u, b) in bodies.items()))
+    cmd = [sys.executable, "-m", "heron.entrypoints.cli", "run-batch", "-i", str(src), "-o", str(dst), "--no-progress"]
+    cmd += ["--model", folder, "--served-model-name", MODEL, "--runner", "pooling", "--max-model-len", "128"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    got = {r["custom_id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    for key, (url, body) in bodies.items():
+        want = post(pooling_server, body, url)
+        response = got[key]["response"]
+        assert response["status_code"] == want.status_code, key
+        if want.status_code != 200:
+            assert response["body"]["error"] == want.json()["error"], key
+            continue
+        assert response["request_id"] == response["body"]["id"] and response["body"]["usage"] == want.json()["usage"]
+        for mine, theirs in zip(response["body"]["data"], want.json()["data"]):
+            np.testing.assert_allclose(mine["embedding"], theirs["embedding"], atol=2e-5)
+    np.testing.assert_allclose(
+        got["two"]["response"]["body"]["data"][1]["embedding"], embed(tok.encode(TEXTS[1])), atol=2e-5
+    )
+    assert got["chat"]["response"]["status_code"] == 400 and got["chat"]["error"]["message"]
