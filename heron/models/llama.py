@@ -53,8 +53,9 @@ class LlamaAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         # (q/k norm,) rotary: one kernel on a GPU, which also writes this step's k and v into the paged cache
+        p = self.attn_params
         q = self.rotary_emb.rotate_and_cache(
-            positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm
+            positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm, (p.k_scale, p.v_scale)
         )
         o = self.backend.forward(q, self.kv_cache, meta, self.attn_params)
         return self.o_proj(o.flatten(1))
