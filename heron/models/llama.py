@@ -27,6 +27,9 @@ from heron.layers.rotary import RotaryEmbedding
 from heron.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from heron.models.config import TransformerConfig
 
+# A checkpoint's KV-cache scales (vLLM's, compressed-tensors' and AutoFP8's names)
+KV_SCALE_NAMES = (".k_scale", ".v_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
+
 
 class LlamaAttention(nn.Module):
     norm_offset = 0.0  # the q/k norms' weight offset (Gemma 3: 1, its norms scale by 1 + w)
@@ -160,6 +163,11 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
+            if name.endswith(KV_SCALE_NAMES):
+                raise ValueError(
+                    f"checkpoint tensor {name!r} is a calibrated KV-cache scale, which Heron does not load: its float8 "
+                    "KV cache (--kv-cache-dtype fp8) runs with per-tensor scales of 1.0 (docs/quantization.md)."
+                )
             target, shard = self.checkpoint_target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")

@@ -81,7 +81,10 @@ def quantization_config(hf_config: dict[str, Any], requested: str | None) -> Qua
             f"quantization {requested!r} does not match the checkpoint's quantization_config.quant_method {method!r}."
         )
     if qc.get("kv_cache_scheme"):
-        raise ValueError("a quantized KV cache scheme in the checkpoint (kv_cache_scheme) is not supported.")
+        raise ValueError(
+            "a quantized KV cache scheme in the checkpoint (kv_cache_scheme) is not supported: Heron's float8 KV cache "
+            "(--kv-cache-dtype fp8) runs with per-tensor scales of 1.0 and loads no calibrated ones."
+        )
     return cfg
 
 
