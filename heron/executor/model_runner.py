@@ -56,6 +56,10 @@ class ModelRunner:
         self.device = device
         self.dtype = resolve_dtype(config.model.dtype, device)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)  # the paged cache's
+        if self.kv_dtype.itemsize == 1 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError(  # Triton converts float8 e4m3 from sm_89 (Ada, Hopper) on
+                f"kv_cache_dtype {config.cache.kv_cache_dtype!r} needs a GPU of compute capability 8.9 or later."
+            )
         self.model_cfg = model_cfg
         self.block_size = config.cache.block_size
         # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
