@@ -159,7 +159,8 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; the budget on CPU (default 2 GiB), an override on GPU
     enable_prefix_caching: bool = True
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks; 0 = preempt by recompute
-    # "auto": the model's dtype; "fp8" / "fp8_e4m3" (vLLM's names): float8 e4m3 with per-tensor scales of 1.0
+    # "auto": the model's dtype; "fp8" / "fp8_e4m3" (vLLM's names): float8 e4m3, per-tensor scales (the checkpoint's,
+    # else 1.0)
     kv_cache_dtype: str = "auto"
 
     def verify(self) -> None:

@@ -49,8 +49,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         choices=["auto", "fp8", "fp8_e4m3"],
         default="auto",
-        help="the paged KV cache's element type: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 e4m3, scales "
-        "1.0: about twice the tokens of a bf16 cache)",
+        help="the paged KV cache's element type: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 e4m3 with the "
+        "checkpoint's per-tensor scales, else 1.0: about twice the tokens of a bf16 cache)",
     )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two)")
     g.add_argument(

@@ -1,6 +1,6 @@
 """`kv_cache_dtype="fp8"` end to end on the CPU (the torch reference backend) with a tiny random Llama: the pool
 holds 4x the blocks of the float32 model's cache in the same memory, greedy outputs agree with the float32
-cache's, and swapped-out and prefix-cached float8 blocks come back as they left."""
+cache's, swapped-out and prefix-cached float8 blocks come back as they left, and a checkpoint's KV scales load."""
 
 from __future__ import annotations
 
@@ -65,6 +65,29 @@ def test_fp8_blocks_swap_out_and_in_as_bytes(runs):
     runner.move_blocks(swap_out=[(0, 1), (1, 0)], swap_in=[], copies=[])
     runner.move_blocks(swap_out=[], swap_in=[(0, 7), (1, 6)], copies=[(6, 8)])
     assert torch.equal(kv[:, :, [6, 7, 8]], before[:, :, [0, 1, 0]])
+
+
+def test_checkpoint_kv_scales_are_loaded_and_written_with(runs, tiny_model_dir, prompts, tmp_path):
+    """A checkpoint's per-tensor k_scale / v_scale (compressed-tensors' names) reach each layer, and the cache write
+    divides by them: layer 0's cached K and V of the first block (from the embeddings alone, so the same in every
+    engine) times the scales are the float32 engine's to e4m3's precision."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(tiny_model_dir("llama"), tmp_path / "scaled")
+    tensors = load_file(folder / "model.safetensors")
+    scales = {"k_scale": 0.05, "v_scale": 0.07}
+    for i in range(2):
+        tensors.update({f"model.layers.{i}.self_attn.{n}": torch.tensor(v) for n, v in scales.items()})
+    save_file(tensors, folder / "model.safetensors")
+    llm = LLM(str(folder), kv_cache_dtype="fp8", **ENGINE)
+    params = llm.engine.runner.model.layers[1].self_attn.attn_params
+    assert (params.k_scale, params.v_scale) == pytest.approx((0.05, 0.07))  # (float32 in the checkpoint)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    got = llm.engine.runner.kv_cache[0, :, 0].float() * torch.tensor([0.05, 0.07]).view(2, 1, 1, 1)
+    want = runs["auto"][4].kv_cache[0, :, 0]
+    assert want.abs().max() > 0 and ((got - want).abs() <= want.abs() * 2**-4 + 2**-9 * 0.07).all()
 
 
 def test_fp8_refuses_flashinfer():
