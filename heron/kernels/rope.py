@@ -202,8 +202,11 @@ def _rope_kernel(
             dd = tl.arange(0, 2 * HALF)
             mask = (h < NUM_K_HEADS)[:, None] & row_ok
             v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + dd[None, :], mask=mask)
-            v = to_fp8(v, inv_v_scale, v_out_ptr, FIX_BF16) if FP8 else v.to(v_out_ptr.dtype.element_ty)
-            tl.store(v_out_ptr + base + h[:, None] * stride_ch + dd[None, :], v, mask=mask)
+            if FP8:
+                v = to_fp8(v, inv_v_scale, v_out_ptr, FIX_BF16)
+            tl.store(
+                v_out_ptr + base + h[:, None] * stride_ch + dd[None, :], v.to(v_out_ptr.dtype.element_ty), mask=mask
+            )
         else:
             _rope_heads(
                 k_ptr,
