@@ -104,6 +104,29 @@ def test_paged_decode_fp8(heads, head_dim, block_size, parts, seq_lens):
     assert rel_err(out, paged_decode_ref(q.float(), src.float(), *args)) < FP8_VS_BF16
 
 
+def test_window_and_soft_cap_fp8():
+    """Gemma's and Mistral's variants (a sliding window, capped scores) read a float8 cache through the same tiles."""
+    gen = torch.Generator().manual_seed(4)
+    num_heads, num_kv_heads, head_dim, block_size, window, cap = 4, 2, 32, 16, 20, 30.0
+    seq_lens, q_lens = [45, 30, 9], [1, 12, 1]
+    meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
+    _, cache = _caches(meta.num_blocks, block_size, num_kv_heads, head_dim, gen)
+    q = torch.randn(meta.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, BF16)
+    args = (meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    kw = dict(sliding_window=window, soft_cap=cap, k_scale=K_SCALE, v_scale=V_SCALE)
+    out = paged_prefill_attention(q, cache, *args, meta.max_query_len, head_dim**-0.5, block_n=16, **kw)
+    assert_close(out, paged_prefill_ref(q.float(), cache, *args, head_dim**-0.5, **kw), BF16, "prefill variants")
+    rows = meta.query_start_loc[:-1][torch.tensor([0, 2])]
+    dec = paged_decode_attention(
+        q[rows], cache, meta.block_tables[[0, 2]], meta.seq_lens[[0, 2]], head_dim**-0.5, num_partitions=2,
+        block_n=None if ON_GPU else 16, **kw,
+    )  # fmt: skip
+    want = paged_decode_ref(
+        q[rows].float(), cache, meta.block_tables[[0, 2]], meta.seq_lens[[0, 2]], head_dim**-0.5, **kw
+    )
+    assert_close(dec, want, BF16, "decode variants")
+
+
 def test_paged_prefill_fp8():
     gen = torch.Generator().manual_seed(3)
     num_heads, num_kv_heads, head_dim, block_size = 8, 2, 32, 16
