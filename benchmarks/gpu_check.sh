@@ -61,6 +61,19 @@ for s in $SECTIONS; do case $s in
         --quantization fp8 --save-result --result-name offline-qwen3-8b-fp8 --max-model-len 4096
     run latency-llama-fp8 heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --quantization fp8 --save-result --result-name latency-llama3.1-8b-fp8-bs1 --max-model-len 4096 ;;
+  fp8kv)  # issue 24 item 2: the float8 KV cache. Its kernel tests on the GPU (rotary write, decode, prefill, cascade,
+    # both backends; the engine with CUDA graphs against enforce_eager), then Qwen3-8B offline with the bf16 cache and
+    # the fp8 one: the default workload, and 4k-token sequences (3584 + 512) at up to 512 at once, where the pool
+    # bounds the batch. Each record's kv_cache_tokens / 4096 is its capacity in 4k-token sequences (expect ~2x).
+    run fp8kv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kv.py \
+        tests/engine/test_fp8_kv_cache.py
+    for kv in auto fp8; do
+      run offline-qwen3-8b-kv-$kv heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+          --kv-cache-dtype $kv --save-result --result-name offline-qwen3-8b-kv-$kv --max-model-len 4096
+      run offline-qwen3-8b-4k-kv-$kv heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+          --kv-cache-dtype $kv --input-len-range 3584,3584 --output-len-range 512,512 --num-prompts 512 \
+          --max-num-seqs 512 --save-result --result-name offline-qwen3-8b-4k-kv-$kv --max-model-len 4096
+    done ;;
   int4)  # issue 24: int4 weight-only (W4A16 Triton kernel): its tests and the checkpoint tests on the GPU, the
     # kernel against bf16 cuBLAS per Llama-3.1-8B projection and row count, Llama-3.1-8B AWQ-shaped at batch 1
     run int4-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/gemm/test_int4.py \

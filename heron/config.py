@@ -144,6 +144,14 @@ class ModelConfig:
             )
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The paged KV cache's element type: the model's, or float8 e4m3 (docs/quantization.md, "FP8 KV cache")."""
+    return model_dtype if kv_cache_dtype == "auto" else torch.float8_e4m3fn
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
@@ -151,8 +159,14 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; the budget on CPU (default 2 GiB), an override on GPU
     enable_prefix_caching: bool = True
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks; 0 = preempt by recompute
+    # "auto": the model's dtype; "fp8" / "fp8_e4m3" (vLLM's names): float8 e4m3, per-tensor scales (the checkpoint's,
+    # else 1.0)
+    kv_cache_dtype: str = "auto"
 
     def verify(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            choices = ", ".join(KV_CACHE_DTYPES)
+            raise ValueError(f"kv_cache_dtype must be one of {choices}; got {self.kv_cache_dtype!r}.")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -240,6 +254,12 @@ class EngineConfig:
         self.scheduler.verify()
         self.parallel.verify()
         self.lora.verify()
+        if self.cache.kv_cache_dtype != "auto" and self.attention_backend == "flashinfer":
+            # FlashInfer's fp8 paged cache takes its scales in its plan; ours are wired into our own kernels only
+            raise ValueError(
+                f"kv_cache_dtype {self.cache.kv_cache_dtype!r} runs on the triton (GPU) or torch (CPU) attention "
+                "backend, not flashinfer: pass attention_backend 'auto' or 'triton'."
+            )
         if self.lora.enable_lora and self.parallel.tensor_parallel_size > 1:
             raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet.")
         if self.parallel.tensor_parallel_size > 1 and not isinstance(self.model.model, str | None):

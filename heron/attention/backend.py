@@ -3,7 +3,8 @@
 The batch is flat: T new tokens from B sequences, sequence i owning rows
 query_start_loc[i]:query_start_loc[i+1]. Sequence i's keys are its first seq_lens[i] tokens, the new
 ones last, found in the paged cache through block_tables[i]. Each layer's cache is one tensor
-[2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]; `slot_mapping[t]` = block * block_size +
+[2 (K, V), num_blocks, block_size, num_kv_heads, head_dim], in the model's dtype or float8 e4m3 (`--kv-cache-dtype
+fp8`: stored as k / k_scale, clamped to +-448, read back times k_scale); `slot_mapping[t]` = block * block_size +
 offset says where token t's K/V go. Backends differ only in how they compute; the scheduler and the
 block manager never see them.
 
@@ -52,6 +53,10 @@ class AttentionParams:
     scale: float  # on q . k: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5
     sliding_window: int | None = None  # the query sees its last `sliding_window` keys only, its own included
     logits_soft_cap: float | None = None  # scores s become cap * tanh(s / cap) before the softmax (Gemma 2)
+    # An fp8 cache's per-tensor scales (vLLM's k_scale / v_scale): it stores k / k_scale, a read multiplies back.
+    # Ignored by a cache in the model's dtype.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
+from heron.kernels.reference import dequantize_kv
 
 
 def paged_attention_ref(
@@ -16,9 +17,12 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys (written beforehand); with
-    `sliding_window` W a query sees its last W keys only, with `soft_cap` c scores s become c * tanh(s / c)."""
+    `sliding_window` W a query sees its last W keys only, with `soft_cap` c scores s become c * tanh(s / c). A
+    float8 cache's K and V are read back in q's dtype, times k_scale / v_scale."""
     block_size = kv_cache.shape[2]
     out = torch.empty_like(q)
     starts = meta.query_start_loc_cpu.tolist()
@@ -26,7 +30,10 @@ def paged_attention_ref(
         q_i = q[starts[i] : starts[i + 1]].transpose(0, 1)  # [H, Q, D]
         num_q = q_i.shape[1]
         blocks = meta.block_tables[i, : -(-seq_len // block_size)]
-        k_i, v_i = (kv_cache[j, blocks].flatten(0, 1)[:seq_len].transpose(0, 1) for j in (0, 1))  # [Hkv, L, D]
+        k_i, v_i = (
+            dequantize_kv(kv_cache[j, blocks].flatten(0, 1)[:seq_len], q.dtype, sc).transpose(0, 1)  # [Hkv, L, D]
+            for j, sc in ((0, k_scale), (1, v_scale))
+        )
         group = q_i.shape[0] // k_i.shape[0]
         k_i, v_i = k_i.repeat_interleave(group, 0), v_i.repeat_interleave(group, 0)
         # Query t sits at position seq_len - num_q + t.
@@ -65,12 +72,15 @@ def paged_attention_batched(
     scratch: list[torch.Tensor] | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """The oracle's function in fewer calls: every single-query (decode) row in one padded call, each
     longer chunk in a call of its own. The query heads that share a KV head are folded into the query
     length, so SDPA sees equal head counts and takes its fused kernel instead of the GQA fallback.
     `scratch` (two 1-D tensors, grown as needed) takes the gathered K and V: on the CPU a fresh allocation
-    per layer costs more in page faults than the copy itself."""
+    per layer costs more in page faults than the copy itself. A float8 cache's are then dequantized (new tensors
+    in q's dtype)."""
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     group = q.shape[1] // num_kv_heads
     starts, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
@@ -80,6 +90,7 @@ def paged_attention_batched(
     if len(decode):
         rows = starts[:-1][decode].to(q.device)
         k, v = _gather(kv_cache, meta.block_tables[decode.to(q.device)], int(lens[decode].max()), scratch)
+        k, v = dequantize_kv(k, q.dtype, k_scale), dequantize_kv(v, q.dtype, v_scale)
         mask = visible_keys(lens[decode].to(q.device) - 1, k.shape[2], sliding_window)  # each row at its last key
         o = attend(
             q[rows].view(len(decode), num_kv_heads, group, head_dim), k, v, mask[:, None, None, :], scale, soft_cap
@@ -89,6 +100,7 @@ def paged_attention_batched(
         a, b, seq_len = int(starts[i]), int(starts[i + 1]), int(lens[i])
         num_q = b - a
         k, v = _gather(kv_cache, meta.block_tables[i : i + 1], seq_len, scratch)
+        k, v = dequantize_kv(k, q.dtype, k_scale), dequantize_kv(v, q.dtype, v_scale)
         q_i = (
             q[a:b]
             .view(num_q, num_kv_heads, group, head_dim)
@@ -131,5 +143,13 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q, kv_cache, meta: AttentionMetadata, params: AttentionParams | None = None):
         p = params or self.default_params
         return paged_attention_batched(
-            q, kv_cache, meta, p.scale, self._scratch, sliding_window=p.sliding_window, soft_cap=p.logits_soft_cap
+            q,
+            kv_cache,
+            meta,
+            p.scale,
+            self._scratch,
+            sliding_window=p.sliding_window,
+            soft_cap=p.logits_soft_cap,
+            k_scale=p.k_scale,
+            v_scale=p.v_scale,
         )

@@ -160,6 +160,8 @@ class TritonAttentionBackend(AttentionBackend):
             soft_cap=params.logits_soft_cap,
             kv_start=kv_start,
             prefix=prefix,
+            k_scale=params.k_scale,
+            v_scale=params.v_scale,
         )
 
     def _run_cascade(self, q, kv_cache, meta, out, params: AttentionParams):
@@ -175,6 +177,8 @@ class TritonAttentionBackend(AttentionBackend):
             params.scale,
             partials,
             soft_cap=params.logits_soft_cap,
+            k_scale=params.k_scale,
+            v_scale=params.v_scale,
         )
         self._run_decode(q, kv_cache, meta, out, None, params, (kv_start, prefix))
 
@@ -211,5 +215,7 @@ class TritonAttentionBackend(AttentionBackend):
                 skip_decode=mode == "mixed",
                 sliding_window=params.sliding_window,
                 soft_cap=params.logits_soft_cap,
+                k_scale=params.k_scale,
+                v_scale=params.v_scale,
             )
         return out

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
                     }
                 )
     median = sorted(runs, key=lambda r: r["decode_ms_per_token"])[len(runs) // 2]
-    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
+    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, llm.engine.runner.kv_dtype)
     name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}latency-{model_slug(llm)}-bs1"
     del llm
 

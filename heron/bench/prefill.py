@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
                 runs.append((seconds, steps))
     seconds, steps = sorted(runs)[len(runs) // 2]
     budget = llm.engine.config.scheduler.max_num_batched_tokens
-    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
+    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, llm.engine.runner.kv_dtype)
     name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}prefill-{model_slug(llm)}"
     del llm
 

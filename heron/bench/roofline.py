@@ -78,7 +78,8 @@ class ModelCost:
     experts_per_token: int = 0
 
     @classmethod
-    def of(cls, model: torch.nn.Module, cfg: TransformerConfig, dtype: torch.dtype) -> ModelCost:
+    def of(cls, model: torch.nn.Module, cfg: TransformerConfig, kv_dtype: torch.dtype) -> ModelCost:
+        """`kv_dtype`: the paged KV cache's (the model's, or float8 with --kv-cache-dtype fp8)."""
         embed = model.embed_tokens.weight
         tied = model.lm_head.weight is embed
         params = {id(p): p for p in model.parameters()}  # tied parameters once
@@ -91,7 +92,7 @@ class ModelCost:
             layer_params=cfg.num_layers * attention + sum(_mlp_params(cfg, i) for i in range(cfg.num_layers)),
             lm_head_params=cfg.vocab_size * cfg.hidden_size,
             decode_weight_bytes=weight_bytes,
-            kv_bytes_per_token=2 * cfg.num_layers * kv * dtype.itemsize,
+            kv_bytes_per_token=2 * cfg.num_layers * kv * kv_dtype.itemsize,
             attn_flops_per_pair=4 * cfg.num_layers * q,
             expert_bytes=expert_bytes,
             num_experts=cfg.moe.num_experts if experts else 0,

@@ -197,7 +197,8 @@ def run(args: argparse.Namespace) -> dict:
         seconds, out_tokens = time_heron(llm, requests, args.temperature, progress=not args.disable_tqdm)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     print(f"Heron: {out_tokens} output tokens in {seconds:.2f} s = {out_tokens / seconds:,.1f} tokens/s", flush=True)
-    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, dtype)
+    cost = ModelCost.of(llm.engine.runner.model, llm.engine.model_cfg, llm.engine.runner.kv_dtype)
+    kv_tokens = llm.engine.block_manager.num_blocks * llm.engine.block_manager.block_size  # KV capacity
     workload = "offline-prefix" if args.shared_prefix_len else "offline"
     name = args.result_name or f"{'cpu-' if device.type == 'cpu' else ''}{workload}-{model_slug(llm)}"
     del llm  # its KV cache holds most of a GPU's memory, which transformers needs next
@@ -214,6 +215,8 @@ def run(args: argparse.Namespace) -> dict:
         "prompt_tokens": prompt_tokens,
         "output_tokens": out_tokens,
         "dtype": str(dtype).removeprefix("torch."),
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_cache_tokens": kv_tokens,
         "cascade_attn": not args.disable_cascade_attn,
     }
     if args.shared_prefix_len:

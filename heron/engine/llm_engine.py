@@ -109,10 +109,11 @@ class LLMEngine:
         self.rng = random.Random(config.model.seed)
         self.stats = EngineStats()
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB), %d host blocks for swapping",
+            "KV cache: %d blocks of %d tokens (%.2f GiB, %s), %d host blocks for swapping",
             num_blocks,
             bs,
             num_blocks * self.runner.bytes_per_block / 2**30,
+            str(self.runner.kv_dtype).removeprefix("torch."),
             num_cpu_blocks,
         )
 

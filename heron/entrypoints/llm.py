@@ -48,6 +48,7 @@ class LLM:
         kv_cache_memory: int | None = None,
         enable_prefix_caching: bool = True,
         swap_space: float = 0.0,
+        kv_cache_dtype: str = "auto",
         seed: int = 0,
         device: str = "auto",
         scheduling_policy: str = "fcfs",
@@ -96,6 +97,7 @@ class LLM:
                 kv_cache_memory=kv_cache_memory,
                 enable_prefix_caching=enable_prefix_caching,
                 swap_space=swap_space,
+                kv_cache_dtype=kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy

@@ -20,7 +20,7 @@ import torch
 
 from heron.attention import AttentionMetadata, get_backend_cls
 from heron.batch import ScheduledBatch
-from heron.config import EngineConfig, resolve_dtype
+from heron.config import EngineConfig, resolve_dtype, resolve_kv_cache_dtype
 from heron.distributed import get_tp_world_size
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
 from heron.executor.inflight import InflightStep, StepInputs
@@ -55,6 +55,11 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.dtype = resolve_dtype(config.model.dtype, device)
+        self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)  # the paged cache's
+        if self.kv_dtype.itemsize == 1 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError(  # Triton converts float8 e4m3 from sm_89 (Ada, Hopper) on
+                f"kv_cache_dtype {config.cache.kv_cache_dtype!r} needs a GPU of compute capability 8.9 or later."
+            )
         self.model_cfg = model_cfg
         self.block_size = config.cache.block_size
         # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
@@ -71,7 +76,7 @@ class ModelRunner:
         self.backend.reserve(
             sched.max_num_seqs,
             device,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             block_size=self.block_size,
             max_blocks_per_seq=max_blocks,
             # (tensor-parallel workers get the block tables on the device only: nothing to plan from on the host)
@@ -160,7 +165,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         c = self.model_cfg
-        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * self.block_size * self.num_kv_heads * c.head_dim * self.kv_dtype.itemsize
 
     def num_blocks_for_budget(self) -> int:
         """How many blocks the KV budget holds: an explicit `kv_cache_memory`, else on CPU what
@@ -235,12 +240,12 @@ class ModelRunner:
         shape = (c.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, c.head_dim)
         # Zeroed: attention reads padded, masked-out slots too and multiplies them by a zero weight, which
         # leaves a NaN or inf of uninitialised memory standing.
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for layer, module in enumerate(self.model.layers):
             module.self_attn.kv_cache = self.kv_cache[layer]
         if num_cpu_blocks:
             self.cpu_kv_cache = torch.zeros(
-                (*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.dtype, pin_memory=self.device.type == "cuda"
+                (*shape[:2], num_cpu_blocks, *shape[3:]), dtype=self.kv_dtype, pin_memory=self.device.type == "cuda"
             )
 
     # -- CUDA graphs -------------------------------------------------------------------------------------------
@@ -417,8 +422,9 @@ class ModelRunner:
     ) -> None:
         """A step's KV block moves, before any of its writes (tensor-parallel workers make the same ones
         in their shares of the cache): (device, host) swap-outs, (host, device) swap-ins, then (src, dst)
-        copies on the device (copy-on-write)."""
-        kv, cpu = self.kv_cache, self.cpu_kv_cache
+        copies on the device (copy-on-write). Moved as bytes: the CPU has no float8 indexing copies."""
+        kv = self.kv_cache.view(torch.uint8)
+        cpu = None if self.cpu_kv_cache is None else self.cpu_kv_cache.view(torch.uint8)
         if swap_out:
             src, dst = zip(*swap_out)
             cpu[:, :, list(dst)] = kv[:, :, list(src)].to("cpu")

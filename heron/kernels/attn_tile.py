@@ -51,6 +51,7 @@ def attend_tile(
     stride_cblk,
     stride_coff,
     qk_scale,
+    v_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -58,11 +59,13 @@ def attend_tile(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """acc [M, D] f32, m_i/l_i [M] f32 (running max / sum), q [M, D]. Keys n0 .. n0+BLOCK_N-1, those
     n >= kv_len (and with WINDOW those n < kv_lo) masked and not loaded; blk: their cache blocks
-    (`tile_blocks`). PRECISION: tl.dot's input_precision; "ieee" for a float32 cache, whose default would be
-    TF32."""
+    (`tile_blocks`). PRECISION: tl.dot's input_precision; "ieee" for float32 q, whose default would be TF32.
+    FP8: a float8 cache, read through `fp8_kv`, k_scale folded into qk_scale by the caller and v_scale into the
+    probabilities here."""
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     n_ok = n < kv_len
@@ -72,6 +75,8 @@ def attend_tile(
     kv_off = row_off[:, None] + d[None, :]
     k = tl.load(k_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
     v = tl.load(v_cache_ptr + kv_off, mask=n_ok[:, None], other=0.0)
+    if FP8:
+        k, v = fp8_kv(k, v, q)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -86,16 +91,28 @@ def attend_tile(
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    if FP8:
+        p = p * v_scale
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def fp8_kv(k, v, q):
+    """A tile of a float8 cache's K and V in q's dtype, unscaled (exact: e4m3 values fit in bf16 and fp16). The
+    kernels fold the per-tensor scales into what they multiply anyway, k_scale into the score scale and v_scale
+    into the probabilities: one multiply per score instead of one per element, the result that of k * k_scale
+    and v * v_scale."""
+    return k.to(tl.float32).to(q.dtype), v.to(tl.float32).to(q.dtype)
 
 
 LOG2E = 1.4426950408889634
 
 
 def dot_precision(dtype) -> str:
-    """input_precision for the attention dots: exact float32 for a float32 cache (the correctness runs
-    compare with transformers in float32), the default otherwise (bf16/fp16 operands use tensor cores)."""
+    """input_precision for the attention dots, by q's dtype (the dots' operands; a float8 cache is cast to it):
+    exact float32 for float32 (the correctness runs compare with transformers in float32), the default otherwise
+    (bf16/fp16 operands use tensor cores)."""
     import torch
 
     return "ieee" if dtype == torch.float32 else "tf32"

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision
 from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
+from heron.kernels.reference import is_fp8
 
 PREFIX_PARTS = 4  # prefix partitions per (tile, KV head)
 BLOCK_M = 64  # query rows per tile: members x G_PAD
@@ -50,6 +51,7 @@ def _cascade_prefix_kernel(
     prefix_o_ptr,
     prefix_lse_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -67,6 +69,7 @@ def _cascade_prefix_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -116,6 +119,7 @@ def _cascade_prefix_kernel(
             stride_cblk,
             stride_coff,
             qk_scale,
+            v_scale,
             HEAD_DIM,
             BLOCK_SIZE,
             BLOCK_N,
@@ -123,6 +127,7 @@ def _cascade_prefix_kernel(
             PRECISION,
             0,
             SOFT_CAP,
+            FP8,
         )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -156,6 +161,8 @@ def cascade_prefix_attention(
     block_n: int | None = None,
     num_warps: int = 8,
     num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each tile's member sequences over their shared prefix.
 
@@ -163,9 +170,10 @@ def cascade_prefix_attention(
     int32; tile_len [T] int32 (prefix keys of tile t; 0: an unused tile) and
     tile_members [T, tile_seqs(H, Hkv)] int32 (member sequences, -1: none; the first is a member whenever
     tile_len > 0): `heron/attention/cascade.py` plans them. `workspace`: `make_prefix_workspace`'s, written at
-    the members' rows. Returns the workspace (out, lse), for `paged_decode_attention(..., prefix=...)`. No
-    host-device sync; the grid is (T, Hkv, parts)."""
+    the members' rows. Returns the workspace (out, lse), for `paged_decode_attention(..., prefix=...)`. A float8
+    cache is read as k * k_scale and v * v_scale. No host-device sync; the grid is (T, Hkv, parts)."""
     check_cache(kv_cache)
+    fp8 = is_fp8(kv_cache.dtype)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_heads = q.shape[1]
     group = num_heads // num_kv_heads
@@ -191,7 +199,8 @@ def cascade_prefix_attention(
         tile_members,
         prefix_o,
         prefix_lse,
-        scale * LOG2E,
+        scale * LOG2E * (k_scale if fp8 else 1.0),
+        v_scale,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -207,8 +216,9 @@ def cascade_prefix_attention(
         BLOCK_N=block_n,
         PARTS=parts,
         UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype),
+        PRECISION=dot_precision(q.dtype),
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
+        FP8=fp8,
         num_warps=num_warps,
         num_stages=num_stages or (3 if kv_cache.element_size() <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, attend_tile, dot_precision, merge_prefix, tile_blocks
 from heron.kernels.common import check_cache, dot_upcast, num_sms, pdl_enter, pdl_options
+from heron.kernels.reference import is_fp8
 
 
 @triton.jit
@@ -54,6 +55,7 @@ def _paged_decode_kernel(
     part_l_ptr,
     count_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -80,6 +82,7 @@ def _paged_decode_kernel(
     SOFT_CAP: tl.constexpr,
     PREFIX_PARTS: tl.constexpr,
     LO_MASK: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -146,6 +149,7 @@ def _paged_decode_kernel(
             stride_cblk,
             stride_coff,
             qk_scale,
+            v_scale,
             HEAD_DIM,
             BLOCK_SIZE,
             BLOCK_N,
@@ -153,6 +157,7 @@ def _paged_decode_kernel(
             PRECISION,
             LO_MASK,
             SOFT_CAP,
+            FP8,
         )
 
     out_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -295,6 +300,8 @@ def paged_decode_attention(
     soft_cap: float | None = None,
     kv_start: torch.Tensor | None = None,
     prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention over the paged cache.
 
@@ -308,10 +315,12 @@ def paged_decode_attention(
     `soft_cap` c: scores s become c * tanh(s / c) (each a compiled variant of its own; None: full attention).
     Cascade (heron/kernels/cascade.py): with `kv_start` [B] int32 and `prefix` (out [B, H, PP, D], lse
     [B, H, PP] float32, `cascade_prefix_attention`'s), sequence b attends to keys [kv_start[b], seq_len) only and
-    merges the prefix's partials over keys [0, kv_start[b]) where kv_start[b] > 0.
+    merges the prefix's partials over keys [0, kv_start[b]) where kv_start[b] > 0. A float8 (e4m3) cache is read
+    as k * k_scale and v * v_scale.
     Returns `out` (allocated like q if None). No host-device sync; the grid is (B, Hkv, P) or (Hkv, B, P).
     """
     check_cache(kv_cache)
+    fp8 = is_fp8(kv_cache.dtype)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     batch = seq_lens.shape[0]
     num_heads = q.shape[1]
@@ -369,7 +378,8 @@ def paged_decode_attention(
         part_m,
         part_l,
         counts,
-        scale * LOG2E,
+        scale * LOG2E * (k_scale if fp8 else 1.0),
+        v_scale,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -389,13 +399,14 @@ def paged_decode_attention(
         PARTS_PAD=triton.next_power_of_2(num_partitions),
         USE_QSL=use_qsl,
         UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype),
+        PRECISION=dot_precision(q.dtype),
         HAS_ORDER=order is not None,
         HEADS_FIRST=heads_first,
         WINDOW=sliding_window or 0,
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
         PREFIX_PARTS=prefix_parts,
         LO_MASK=bool(sliding_window) or prefix_parts > 0,
+        FP8=fp8,
         num_warps=num_warps,
         num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),

@@ -33,8 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.attn_tile import LOG2E, dot_precision, soft_cap
+from heron.kernels.attn_tile import LOG2E, dot_precision, fp8_kv, soft_cap
 from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
+from heron.kernels.reference import is_fp8
 
 
 @triton.jit
@@ -142,16 +143,20 @@ def _attend_keys(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Fold keys lo .. hi - 1 (lo a multiple of BLOCK_N) into the accumulator, BLOCK_N at a time. MASKED: the
     tiles on the diagonal or the window's edge (causal and window mask, keys >= hi masked); else every key is
     seen by every row and hi is a multiple of BLOCK_N. The next tile's cache rows are computed one iteration
-    ahead (a loop-carried tile)."""
+    ahead (a loop-carried tile). FP8: a float8 cache, unscaled here (the kernel folds k_scale into qk_scale and
+    v_scale into its output)."""
     rows = _kv_rows(bt_row, lo, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
         rows_next = _kv_rows(bt_row, n0 + BLOCK_N, hi, kv_head_off, stride_cblk, stride_coff, BLOCK_SIZE, BLOCK_N)
         k = _load_rows(k_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
         v = _load_rows(v_cache_ptr, rows, n0, hi, HEAD_DIM, BLOCK_N, MASKED, UPCAST)
+        if FP8:
+            k, v = fp8_kv(k, v, q)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         acc, m_i, l_i = _softmax_pv(
             acc, m_i, l_i, s, v, n0, hi, pos, qk_scale, BLOCK_N, MASKED, PRECISION, WINDOW, SOFT_CAP
@@ -170,6 +175,7 @@ def _paged_prefill_kernel(
     qsl_ptr,
     out_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -189,6 +195,7 @@ def _paged_prefill_kernel(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -257,6 +264,7 @@ def _paged_prefill_kernel(
             PRECISION,
             WINDOW,
             SOFT_CAP,
+            FP8,
         )
     else:
         mid = 0
@@ -283,6 +291,7 @@ def _paged_prefill_kernel(
         PRECISION,
         WINDOW,
         SOFT_CAP,
+        FP8,
     )
     acc, m_i, l_i = _attend_keys(
         acc,
@@ -307,9 +316,12 @@ def _paged_prefill_kernel(
         PRECISION,
         WINDOW,
         SOFT_CAP,
+        FP8,
     )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * v_scale
     tl.store(
         out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -349,6 +361,8 @@ def paged_prefill_attention(
     maxnreg: int | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
 
@@ -360,9 +374,11 @@ def paged_prefill_attention(
     if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
     override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
     `sliding_window` W: each query sees its last W keys only; `soft_cap` c: scores s become c * tanh(s / c)
-    (each a compiled variant of its own; None: full attention).
+    (each a compiled variant of its own; None: full attention). A float8 (e4m3) cache is read as k * k_scale and
+    v * v_scale.
     """
     check_cache(kv_cache)
+    fp8 = is_fp8(kv_cache.dtype)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     batch = seq_lens.shape[0]
     num_heads = q.shape[1]
@@ -395,7 +411,8 @@ def paged_prefill_attention(
         seq_lens,
         query_start_loc,
         out,
-        scale * LOG2E,
+        scale * LOG2E * (k_scale if fp8 else 1.0),
+        v_scale,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -412,9 +429,10 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         SKIP_DECODE=skip_decode,
         UPCAST=dot_upcast(),
-        PRECISION=dot_precision(kv_cache.dtype),
+        PRECISION=dot_precision(q.dtype),
         WINDOW=sliding_window or 0,
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
+        FP8=fp8,
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],

@@ -101,10 +101,14 @@ def apply_rope_and_cache_ref(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """`apply_rope_ref`, with the rotated k and v written into the paged cache (`write_kv_ref`); returns q."""
+    """`apply_rope_ref`, with the rotated k and v written into the paged cache (`write_kv_ref`, a float8 cache
+    with its scales); returns q."""
     q, k = apply_rope_ref(q, k, positions, cos_sin, q_norm_weight, k_norm_weight, eps)
-    write_kv_ref(k, v, kv_cache, slot_mapping)
+    write_kv_ref(k, v, kv_cache, slot_mapping, k_scale, v_scale)
     return q
 
 
@@ -113,14 +117,47 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def write_kv_ref(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+FP8_MAX = 448.0  # float8 e4m3's largest finite value
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype == torch.float8_e4m3fn
+
+
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x in the cache's dtype: for float8, x / scale clamped to +-448 (a cast alone would give NaN past it)."""
+    if not is_fp8(dtype):
+        return x.to(dtype)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(dtype)
+
+
+def dequantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Cached K or V in `dtype`: a float8 cache's values times its scale (computed in float32), others cast."""
+    if not is_fp8(x.dtype):
+        return x.to(dtype)
+    return (x.float() * scale).to(dtype)
+
+
+def write_kv_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """k, v [T, Hkv, D] into kv_cache [2, num_blocks, block_size, Hkv, D] at slot_mapping [T'] (a slot of -1 or
-    a row t >= T' is skipped): the cache write of heron/kernels/rope.py's `apply_rope_and_cache`."""
+    a row t >= T' is skipped), quantized by `quantize_kv`: the cache write of heron/kernels/rope.py's
+    `apply_rope_and_cache`. (A float8 cache is written as bytes: the CPU has no float8 index_copy.)"""
     slots = slot_mapping[: k.shape[0]]
     keep = slots >= 0
     flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-    flat[0].index_copy_(0, slots[keep], k[: slots.shape[0]][keep].to(kv_cache.dtype))
-    flat[1].index_copy_(0, slots[keep], v[: slots.shape[0]][keep].to(kv_cache.dtype))
+    for j, (x, scale) in enumerate(((k, k_scale), (v, v_scale))):
+        x = quantize_kv(x[: slots.shape[0]][keep], kv_cache.dtype, scale)
+        if is_fp8(kv_cache.dtype):
+            flat[j].view(torch.uint8).index_copy_(0, slots[keep], x.view(torch.uint8))
+        else:
+            flat[j].index_copy_(0, slots[keep], x)
 
 
 def paged_decode_ref(
@@ -131,10 +168,13 @@ def paged_decode_ref(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """q [B, H, D], one query per sequence attending to its seq_lens[b] keys, the last `sliding_window` of them
-    if given, scores capped at `soft_cap` (c * tanh(s / c)) if given (heron/kernels/paged_decode.py). Computed
-    in float32; returns q's dtype. Reads seq_lens on the host (a sync): tests only."""
+    if given, scores capped at `soft_cap` (c * tanh(s / c)) if given (heron/kernels/paged_decode.py); a float8
+    cache's K and V times k_scale / v_scale. Computed in float32; returns q's dtype. Reads seq_lens on the host (a
+    sync): tests only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = q.shape[1] // num_kv_heads
     out = torch.zeros_like(q)
@@ -142,7 +182,10 @@ def paged_decode_ref(
         if n <= 0:
             continue
         blocks = block_tables[b, : -(-n // block_size)].long()
-        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
+        k, v = (
+            dequantize_kv(kv_cache[j, blocks].flatten(0, 1)[:n], torch.float32, sc).repeat_interleave(group, dim=1)
+            for j, sc in ((0, k_scale), (1, v_scale))
+        )
         s = _capped(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, soft_cap)
         if sliding_window is not None:
             s[:, : max(0, n - sliding_window)] = float("-inf")
@@ -159,10 +202,13 @@ def paged_prefill_ref(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Per sequence, causal attention of its q_len new queries, at positions seq_len - q_len .. seq_len - 1,
     over its keys (heron/kernels/paged_prefill.py), each query seeing its last `sliding_window` keys only and
-    its scores capped at `soft_cap` if given, in float32; returns q's dtype. Reads lengths on the host: tests
+    its scores capped at `soft_cap` if given (a float8 cache's K and V times k_scale / v_scale), in float32;
+    returns q's dtype. Reads lengths on the host: tests
     only."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = q.shape[1] // num_kv_heads
@@ -173,7 +219,10 @@ def paged_prefill_ref(
         if e == a:
             continue
         blocks = block_tables[b, : -(-n // block_size)].long()
-        k, v = (kv_cache[j, blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1) for j in (0, 1))
+        k, v = (
+            dequantize_kv(kv_cache[j, blocks].flatten(0, 1)[:n], torch.float32, sc).repeat_interleave(group, dim=1)
+            for j, sc in ((0, k_scale), (1, v_scale))
+        )
         s = _capped(torch.einsum("thd,nhd->htn", q[a:e].float(), k) * scale, soft_cap)
         pos, keys = torch.arange(n - (e - a), n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
         hidden = keys > pos

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import check_cache, pdl_enter, pdl_options
+from heron.kernels.reference import is_fp8
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 
@@ -40,13 +41,18 @@ def _rope_heads(
     sin,
     eps,
     row_ok,
+    ty_ptr,
+    inv_scale,
     NUM_HEADS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,
     FIX_BF16: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    """Heads head0 .. head0 + BLOCK_H of token t: (norm,) rotate, store at dst_ptr + head * dst_stride_h."""
+    """Heads head0 .. head0 + BLOCK_H of token t: (norm,) rotate, rounded to ty_ptr's element type (the model's),
+    store at dst_ptr + head * dst_stride_h (FP8: a float8 cache, `to_fp8` of the rounded value times inv_scale)."""
+    ty = ty_ptr.dtype.element_ty
     h = head0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     mask = (h < NUM_HEADS)[:, None] & row_ok
@@ -61,17 +67,37 @@ def _rope_heads(
         # weight * h.to(dtype), rounded to the norm's output dtype (= the destination's), as RMSNorm rounds it
         x1 = round_to(
             round_to(x1 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w1,
-            dst_ptr.dtype.element_ty,
+            ty,
             FIX_BF16,
         ).to(tl.float32)
         x2 = round_to(
             round_to(x2 * rstd, x_ptr.dtype.element_ty, FIX_BF16).to(tl.float32) * w2,
-            dst_ptr.dtype.element_ty,
+            ty,
             FIX_BF16,
         ).to(tl.float32)
     dst = dst_ptr + h[:, None] * dst_stride_h + d[None, :]
-    tl.store(dst, round_to(x1 * cos - x2 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
-    tl.store(dst + HALF, round_to(x2 * cos + x1 * sin, dst_ptr.dtype.element_ty, FIX_BF16), mask=mask)
+    y1 = round_to(x1 * cos - x2 * sin, ty, FIX_BF16)
+    y2 = round_to(x2 * cos + x1 * sin, ty, FIX_BF16)
+    if FP8:  # (FIX_BF16, set under the interpreter, fixes its float8 cast too)
+        y1, y2 = to_fp8(y1, inv_scale, dst_ptr, FIX_BF16), to_fp8(y2, inv_scale, dst_ptr, FIX_BF16)
+    tl.store(dst, y1, mask=mask)
+    tl.store(dst + HALF, y2, mask=mask)
+
+
+@triton.jit
+def to_fp8(x, inv_scale, dst_ptr, FIX_FP8: tl.constexpr):
+    """x / scale, clamped to float8 e4m3's +-448 (a plain cast past it gives NaN), in dst_ptr's float8 type.
+    FIX_FP8 (under the interpreter, whose float32 -> e4m3 cast rounds ties away from zero and drops the carry
+    of a mantissa that rounds up into the exponent: 7.9 -> 4): round to nearest even on the bits first, so the
+    cast is exact. On a GPU it is one cvt.rn.satfinite."""
+    y = x.to(tl.float32) * inv_scale
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if FIX_FP8:
+        u = y.to(tl.int32, bitcast=True)
+        normal = ((u + (0x7FFFF + ((u >> 20) & 1))) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+        subnormal = ((y * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)  # multiples of 2**-9 (1.5 * 2**23)
+        y = tl.where(tl.abs(y) < 0.015625, subnormal, normal)
+    return y.to(dst_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -99,6 +125,8 @@ def _rope_kernel(
     stride_ch,
     num_slots,
     eps,
+    inv_k_scale,
+    inv_v_scale,
     NUM_Q_HEADS: tl.constexpr,
     NUM_K_HEADS: tl.constexpr,
     HAS_NORM: tl.constexpr,
@@ -107,6 +135,7 @@ def _rope_kernel(
     TO_CACHE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     FIX_BF16: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -131,11 +160,14 @@ def _rope_kernel(
             sin,
             eps,
             t >= 0,
+            q_out_ptr,
+            1.0,
             NUM_Q_HEADS,
             HAS_NORM,
             BLOCK_H,
             HALF,
             FIX_BF16,
+            False,
         )
     else:
         head0 = (j - q_blocks) * BLOCK_H
@@ -157,16 +189,21 @@ def _rope_kernel(
                 sin,
                 eps,
                 row_ok,
+                q_out_ptr,
+                inv_k_scale,
                 NUM_K_HEADS,
                 HAS_NORM,
                 BLOCK_H,
                 HALF,
                 FIX_BF16,
+                FP8,
             )
             h = head0 + tl.arange(0, BLOCK_H)
             dd = tl.arange(0, 2 * HALF)
             mask = (h < NUM_K_HEADS)[:, None] & row_ok
             v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + dd[None, :], mask=mask)
+            if FP8:
+                v = to_fp8(v, inv_v_scale, v_out_ptr, FIX_BF16)
             tl.store(
                 v_out_ptr + base + h[:, None] * stride_ch + dd[None, :], v.to(v_out_ptr.dtype.element_ty), mask=mask
             )
@@ -184,11 +221,14 @@ def _rope_kernel(
                 sin,
                 eps,
                 t >= 0,
+                k_out_ptr,
+                1.0,
                 NUM_K_HEADS,
                 HAS_NORM,
                 BLOCK_H,
                 HALF,
                 FIX_BF16,
+                False,
             )
 
 
@@ -211,7 +251,9 @@ def apply_rope(
     if k_out is None:
         k_out = torch.empty(k.shape, dtype=out_dtype, device=k.device)
     assert k_out.shape == k.shape and k_out.is_contiguous() and k_out.dtype == out_dtype
-    q_out = _launch(q, k, None, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, k_out, None, None)
+    q_out = _launch(
+        q, k, None, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, k_out, None, None, (1.0, 1.0)
+    )
     return q_out, k_out
 
 
@@ -228,18 +270,36 @@ def apply_rope_and_cache(
     eps: float = 1e-6,
     *,
     q_out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """`apply_rope`, with the rotated k and v [T, Hkv, D] written into kv_cache [2, num_blocks, block_size, Hkv,
-    D] at slot_mapping [T'] (int32/int64; -1, or a row t >= T', writes nothing) instead of new tensors.
-    Returns q'."""
+    D] at slot_mapping [T'] (int32/int64; -1, or a row t >= T', writes nothing) instead of new tensors. A float8
+    cache takes k / k_scale and v / v_scale, each rounded to the model's dtype first, clamped to +-448 (as
+    `reference.write_kv_ref`). Returns q'."""
     out_dtype = _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight)
     check_cache(kv_cache)
-    assert kv_cache.shape[3:] == k.shape[1:] and kv_cache.dtype == out_dtype, (
+    fp8 = is_fp8(kv_cache.dtype)
+    assert kv_cache.shape[3:] == k.shape[1:] and (fp8 or kv_cache.dtype == out_dtype), (
         f"k {tuple(k.shape)} {out_dtype} does not match the cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
     )
     assert v.shape == k.shape and v.stride(-1) == 1 and slot_mapping.dim() == 1
+    if q_out is None:
+        q_out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
     return _launch(
-        q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, kv_cache[0], kv_cache[1], slot_mapping
+        q,
+        k,
+        v,
+        positions,
+        cos_sin,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
+        q_out,
+        kv_cache[0],
+        kv_cache[1],
+        slot_mapping,
+        (1.0 / k_scale, 1.0 / v_scale),
     )
 
 
@@ -260,12 +320,15 @@ def _check(q, k, positions, cos_sin, q_norm_weight, k_norm_weight) -> torch.dtyp
     return torch.promote_types(q_norm_weight.dtype, q.dtype)
 
 
-def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, k_out, v_cache, slot_mapping):
-    """k_out: a new [T, Hkv, D] tensor, or (with v) the K half of the cache and v_cache its V half."""
+def _launch(
+    q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_out, k_out, v_cache, slot_mapping, inv_scales
+):
+    """k_out: a new [T, Hkv, D] tensor, or (with v) the K half of the cache and v_cache its V half (`inv_scales`:
+    1 / (k_scale, v_scale), for a float8 one)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
     has_norm = q_norm_weight is not None
-    out_dtype = k_out.dtype
+    out_dtype = q_out.dtype if is_fp8(k_out.dtype) else k_out.dtype  # (apply_rope_and_cache makes q_out then)
     if q_out is None:
         q_out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
     assert q_out.shape == q.shape and q_out.is_contiguous() and q_out.dtype == out_dtype
@@ -297,6 +360,7 @@ def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_ou
         *cache_strides,
         slot_mapping.shape[0] if to_cache else 0,
         eps,
+        *inv_scales,
         NUM_Q_HEADS=num_q_heads,
         NUM_K_HEADS=num_k_heads,
         HAS_NORM=has_norm,
@@ -305,6 +369,7 @@ def _launch(q, k, v, positions, cos_sin, q_norm_weight, k_norm_weight, eps, q_ou
         TO_CACHE=to_cache,
         BLOCK_SIZE=k_out.shape[1] if to_cache else 1,
         FIX_BF16=fix_bf16(),
+        FP8=is_fp8(k_out.dtype),
         num_warps=4 if block_h * head_dim <= 2048 else 8,
         **pdl_options(q.device, num_tokens),
     )

@@ -94,11 +94,16 @@ class RotaryEmbedding(DeviceOps):
         slot_mapping: torch.Tensor,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         """`forward`, with the rotated k and v written into the paged KV cache at slot_mapping (-1: skip a padded
-        row) instead of returned; returns the rotated q."""
+        row) instead of returned (a float8 cache: divided by `kv_scales`, (k_scale, v_scale)); returns the rotated
+        q."""
         norm = _norm_args(q_norm, k_norm)
-        return self._rope_and_cache(q, k, v, positions, self.cos_sin, kv_cache, slot_mapping, *norm)
+        k_scale, v_scale = kv_scales
+        return self._rope_and_cache(
+            q, k, v, positions, self.cos_sin, kv_cache, slot_mapping, *norm, k_scale=k_scale, v_scale=v_scale
+        )
 
 
 def _norm_args(q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> tuple:

@@ -13,6 +13,8 @@ the vocabulary, and loads its slices of the full checkpoint tensors.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +28,9 @@ from heron.layers.linear import ColumnParallelLinear, RowParallelLinear, default
 from heron.layers.rotary import RotaryEmbedding
 from heron.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from heron.models.config import TransformerConfig
+
+# A checkpoint's KV-cache scales (compressed-tensors' and vLLM's names; AutoFP8's older kv_scale / output_scale)
+KV_SCALE_NAMES = (".k_scale", ".v_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 
 
 class LlamaAttention(nn.Module):
@@ -53,8 +58,9 @@ class LlamaAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         # (q/k norm,) rotary: one kernel on a GPU, which also writes this step's k and v into the paged cache
+        p = self.attn_params
         q = self.rotary_emb.rotate_and_cache(
-            positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm
+            positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm, (p.k_scale, p.v_scale)
         )
         o = self.backend.forward(q, self.kv_cache, meta, self.attn_params)
         return self.o_proj(o.flatten(1))
@@ -159,6 +165,9 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
+            if name.endswith(KV_SCALE_NAMES):
+                self.load_kv_scale(name, tensor)
+                continue
             target, shard = self.checkpoint_target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}.")
@@ -171,6 +180,23 @@ class LlamaForCausalLM(nn.Module):
             loaded.update([(target, shard)] if shard is not None else ((target, s) for s in self._shard_ids(target)))
         if missing := expected - loaded:
             raise ValueError(f"checkpoint is missing tensors for: {sorted(n for n, _ in missing)[:5]}")
+
+    def load_kv_scale(self, name: str, tensor: torch.Tensor) -> None:
+        """A checkpoint's calibrated KV-cache scale (`layers.{i}.self_attn.k_scale`, ...) into its layer's
+        AttentionParams, which a float8 cache divides by on the write and multiplies by on the read (a cache in
+        the model's dtype ignores it, as vLLM does). Per tensor only: one scale a layer for K, one for V."""
+        layer = re.match(r"layers\.(\d+)\.", name)
+        if layer is None or tensor.numel() != 1:
+            raise ValueError(
+                f"checkpoint tensor {name!r} {tuple(tensor.shape)}: only per-tensor KV-cache scales of a decoder "
+                "layer are supported."
+            )
+        attn = self.layers[int(layer.group(1))].self_attn
+        value = float(tensor)
+        if not value > 0:
+            raise ValueError(f"checkpoint tensor {name!r} is a KV-cache scale of {value}; it must be positive.")
+        keys = ("k_scale", "v_scale") if name.endswith(".kv_scale") else ("v_scale" if ".v_" in name else "k_scale",)
+        attn.attn_params = dataclasses.replace(attn.attn_params, **dict.fromkeys(keys, value))
 
     def checkpoint_target(self, name: str) -> tuple[str, Any]:
         """A checkpoint tensor's (parameter name, shard id): a separate matrix goes into its part of a fused

@@ -80,8 +80,11 @@ def quantization_config(hf_config: dict[str, Any], requested: str | None) -> Qua
         raise ValueError(
             f"quantization {requested!r} does not match the checkpoint's quantization_config.quant_method {method!r}."
         )
-    if qc.get("kv_cache_scheme"):
-        raise ValueError("a quantized KV cache scheme in the checkpoint (kv_cache_scheme) is not supported.")
+    if (kv := qc.get("kv_cache_scheme")) and not (
+        kv.get("type") == "float" and kv.get("num_bits") == 8 and kv.get("strategy", "tensor") == "tensor"
+    ):
+        # (the per-tensor float8 scheme's k_scale / v_scale load into the layers' AttentionParams)
+        raise ValueError(f"kv_cache_scheme {kv} is not supported: only per-tensor float8 KV-cache scales are.")
     return cfg
 
 

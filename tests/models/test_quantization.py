@@ -211,6 +211,10 @@ def test_online_fp8_quantizes_rows_and_tracks_the_fp32_model(arch, tiny_model_di
             },
             "group 'g'",
         ),
+        (  # a per-head float8 KV cache scheme (per-tensor ones load: tests/engine/test_fp8_kv_cache.py)
+            {"quant_method": "fp8", "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head"}},
+            "kv_cache_scheme",
+        ),
     ],
 )
 def test_unsupported_schemes_are_refused_by_name(qc, match):
