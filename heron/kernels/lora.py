@@ -8,12 +8,19 @@ The step's tokens come grouped by slot (heron/layers/lora.py's `LoRAMapping`, fi
 step's other inputs): `sorted_tokens` lists the adapted rows slot by slot, `slot_start[s]:slot_start[s + 1]` is
 slot s's run.
 
-- shrink, program (m, j): the m-th BLOCK_M of the adapted rows in slot order, gathered, times rank rows
-  [j * BLOCK_R, +BLOCK_R) of their adapter's A, over `in` in BLOCK_K tiles with tl.dot -> a float32 [T, P*R]
-  buffer. A tile that crosses from one slot's run into the next takes one pass per slot, the other rows masked
-  to zero (one accumulator).
-- expand, program (m, i): the same rows' shrunk values times their adapter's B, columns [i * BLOCK_N, +BLOCK_N),
-  reading only the rank rows of the parts those columns belong to, added to y (rounded once) in place.
+- shrink, program (m, j, s): the m-th BLOCK_M of the adapted rows in slot order, gathered, times rank rows
+  [j * BLOCK_R, +BLOCK_R) of their adapter's A, over the s-th range of `in` (split-K) in BLOCK_K tiles with
+  tl.dot -> a float32 partial in a [splits, T, P*R] buffer. A tile that crosses from one slot's run into the
+  next takes one pass per slot, the other rows masked to zero (one accumulator).
+- expand, program (m, i): the same rows' shrunk values (the splits' partials summed in order on load) times
+  their adapter's B, columns [i * BLOCK_N, +BLOCK_N), reading only the rank rows of the parts those columns
+  belong to, added to y (rounded once) in place.
+
+Split-K because the shrink has few programs at decode sizes: (T / 16) x (P*R / 16), 16 for a down_proj of a
+256-row step, 1 at batch 1, each walking all of `in` (12,288 columns for Qwen3-8B's down_proj) one dependent
+tile after another. `shrink_splits` cuts `in` until the grid covers the GPU twice; a prefill step's grid
+already does, and keeps one split. Summing the partials in the expand costs no launch and stays deterministic
+(no atomics into a zeroed buffer).
 
 So an adapter's matrices are read once per BLOCK_M of its tokens, not once per token (BGMV) nor once per slot
 for every token (the dense product over all slots, `lora_ref`, which the CPU runs), and the grid,
@@ -29,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast
+from heron.kernels.common import dot_upcast, num_sms
 
 BLOCK_M = 16
 BLOCK_R = 16
@@ -59,10 +66,12 @@ def _shrink_kernel(
     start_ptr,
     out_ptr,
     K,
+    K_SPLIT,
     R2,
     stride_x,
     stride_as,
     stride_ar,
+    stride_split,
     stride_o,
     NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -71,23 +80,26 @@ def _shrink_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    m, j = tl.program_id(0), tl.program_id(1)
+    m, j, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    k_lo = split * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
     ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
     rank_ok = ranks < R2
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for slot in range(first, last + 1):  # one slot, or a few where the tile crosses runs
         mine = ok & (slots == slot)  # the other rows load as zero: one accumulator for all
         a_rows = a_ptr + slot * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
+            k_ok = ks < k_hi
             x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
             a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             if UPCAST:
                 x, a = x.to(tl.float32), a.to(tl.float32)
             acc = tl.dot(x, a, acc, input_precision=PRECISION)
-    tl.store(out_ptr + rows[:, None] * stride_o + ranks[None, :], acc, mask=ok[:, None] & rank_ok[None, :])
+    out = out_ptr + split * stride_split + rows[:, None] * stride_o + ranks[None, :]
+    tl.store(out, acc, mask=ok[:, None] & rank_ok[None, :])
 
 
 @triton.jit
@@ -102,7 +114,9 @@ def _expand_add_kernel(
     OFF1,
     OFF2,
     MAX_RANK,
+    SPLITS,
     stride_y,
+    stride_split,
     stride_s,
     stride_bs,
     stride_br,
@@ -129,9 +143,11 @@ def _expand_add_kernel(
         for r0 in range(part_lo * MAX_RANK, r_end, BLOCK_R):
             ranks = r0 + tl.arange(0, BLOCK_R)
             rank_ok = ranks < r_end
-            s = tl.load(
-                shrunk_ptr + rows[:, None] * stride_s + ranks[None, :], mask=mine[:, None] & rank_ok[None, :], other=0.0
-            )
+            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + ranks[None, :]
+            s_mask = mine[:, None] & rank_ok[None, :]
+            s = tl.load(s_ptrs, mask=s_mask, other=0.0)
+            for split in range(1, SPLITS):
+                s += tl.load(s_ptrs + split * stride_split, mask=s_mask, other=0.0)
             b = tl.load(
                 b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
             )
@@ -146,6 +162,13 @@ def _expand_add_kernel(
     tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
+def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device) -> int:
+    """How many ranges of `in` the shrink splits into: enough for its grid to cover the GPU's SMs twice, at
+    most one BLOCK_K tile each. A function of shapes only, so a CUDA graph's step always takes the same."""
+    programs = triton.cdiv(tokens, BLOCK_M) * triton.cdiv(rank_rows, BLOCK_R)
+    return max(1, min(triton.cdiv(in_size, BLOCK_K), triton.cdiv(2 * num_sms(device), programs)))
+
+
 def lora_add_(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -156,20 +179,26 @@ def lora_add_(
     slot_start: torch.Tensor,
     output_sizes: list[int],
     max_rank: int,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `token_slots`: each row's slot;
     `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the parts of a
-    fused projection, each fed by `max_rank` rows of B."""
+    fused projection, each fed by `max_rank` rows of B; `splits`: the shrink's split-K (`shrink_splits` if
+    None)."""
     num_slots, r2, k = lora_a.shape
     t, n = y.shape
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
     assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
-    shrunk = torch.empty(t, r2, dtype=torch.float32, device=x.device)
+    if splits is None:
+        splits = shrink_splits(t, r2, k, x.device)
+    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    splits = triton.cdiv(k, k_split)  # rounding the ranges up to whole tiles may leave fewer
+    shrunk = torch.empty(splits, t, r2, dtype=torch.float32, device=x.device)
     upcast = dot_upcast()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
     m_tiles = triton.cdiv(t, BLOCK_M)
-    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R))](
+    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R), splits)](
         x,
         lora_a,
         token_slots,
@@ -177,11 +206,13 @@ def lora_add_(
         slot_start,
         shrunk,
         k,
+        k_split,
         r2,
         x.stride(0),
         lora_a.stride(0),
         lora_a.stride(1),
         shrunk.stride(0),
+        shrunk.stride(1),
         NUM_SLOTS=num_slots,
         BLOCK_M=BLOCK_M,
         BLOCK_R=BLOCK_R,
@@ -200,8 +231,10 @@ def lora_add_(
         offsets[0],
         offsets[1],
         max_rank,
+        splits,
         y.stride(0),
         shrunk.stride(0),
+        shrunk.stride(1),
         lora_b.stride(0),
         lora_b.stride(1),
         NUM_SLOTS=num_slots,

@@ -1,7 +1,7 @@
 """The gathered LoRA kernel against the dense reference (`lora_ref`, what the CPU runs): random slots with base
 tokens between, fused projections of uneven parts (column tiles across part boundaries), ranks below and above
-one rank tile, more tokens of one slot than one token tile, a step of base tokens only. On CPU under Triton's
-interpreter."""
+one rank tile, more tokens of one slot than one token tile, a step of base tokens only, the shrink split over
+`in`. On CPU under Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from heron.executor.lora_manager import group_by_slot
-from heron.kernels.lora import _shrink_kernel, lora_add_
+from heron.kernels.lora import _shrink_kernel, lora_add_, shrink_splits
 from heron.kernels.reference import lora_ref
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
@@ -49,9 +49,14 @@ CASES = [
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
+SPLIT_CASES = [  # split-K: `in` of 5.5 tiles in 2, 3 (ranges rounded up to whole tiles) and 6 (one tile each)
+    ([1, -1, 0, 0, 1] * 4, 700, [40, 24, 24], 8, [8, 5], splits) for splits in (2, 4, 6)
+]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks"), CASES)
-def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, dtype):
+@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), [c + (None,) for c in CASES])
+def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits, dtype):
     gen = torch.Generator().manual_seed(len(slots))
     a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
     x = torch.randn(len(slots), in_size, generator=gen)
@@ -62,11 +67,23 @@ def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, m
     order, starts = group_by_slot(np.array(slots), len(ranks))
     sorted_tokens = torch.from_numpy(np.concatenate([order, [-7] * 5]))  # past the runs: never read
     args = [t.to(DEVICE) for t in (y, x, a, b, token_slots, sorted_tokens, torch.from_numpy(starts))]
-    got = lora_add_(*args, out_sizes, max_rank)
+    got = lora_add_(*args, out_sizes, max_rank, splits)
     assert got.data_ptr() == args[0].data_ptr()  # in place
     assert rel_err(got.cpu(), want) < TOL[dtype]
     base = token_slots < 0
     assert torch.equal(got.cpu()[base], y[base])  # the base model's rows untouched
+
+
+@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), SPLIT_CASES)
+def test_split_shrink_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits):
+    test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits, torch.float32)
+
+
+def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
+    cpu = torch.device("cpu")  # counted as 4 SMs
+    assert shrink_splits(1, 16, 12288, cpu) == 8  # batch 1: one program before the split
+    assert shrink_splits(1, 16, 256, cpu) == 2  # never a range shorter than one tile
+    assert shrink_splits(8192, 48, 4096, cpu) == 1  # a prefill step's grid is large enough
 
 
 def test_group_by_slot():
