@@ -51,10 +51,14 @@ for s in $SECTIONS; do case $s in
     # transformers parity past the window, and two ~90-token sequences in an 8-block pool
     run sliding python3 -m pytest -q -p no:cacheprovider tests/models/test_parity.py -k "window or pool" ;;
   moe-sweep) run moe-sweep python3 -m heron.bench.kernels --moe --sweep ;;  # configs for fused_moe.CONFIGS
-  quant)  # issue 24: FP8 W8A8 (per-channel weights, per-token activations, torch._scaled_mm): the kernel and
-    # checkpoint tests on the GPU, Qwen3-8B offline bf16 then FP8 in the same call, Llama-3.1-8B FP8 at batch 1
+  quant)  # issue 24: FP8 (per-channel weights; the float8 GEMV up to 16 rows, per-token activation quantization and
+    # torch._scaled_mm past them): the kernel and checkpoint tests on the GPU, Qwen3-8B offline bf16 then FP8 in the
+    # same call, Llama-3.1-8B at batch 1 bf16 then FP8
     run quant-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/gemm/test_fp8.py \
-        tests/models/test_quantization.py
+        tests/kernels/gemm/test_fp8_quant.py tests/models/test_quantization.py
+    run gemv-fp8-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py -k fp8
+    run latency-llama heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
+        --save-result --result-name latency-llama3.1-8b-bs1 --max-model-len 4096
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096
     run offline-qwen3-8b-fp8 heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \

@@ -80,3 +80,19 @@ def tanh(x):
     t = tl.exp2(tl.abs(x) * -2.8853900817779268)  # e^(-2|x|): 2 log2(e)
     r = 1.0 - 2.0 * t / (1.0 + t)
     return tl.where(x >= 0, r, -r)
+
+
+@triton.jit
+def to_fp8(x, inv_scale, dst_ptr, FIX_FP8: tl.constexpr):
+    """x / scale, clamped to float8 e4m3's +-448 (a plain cast past it gives NaN), in dst_ptr's float8 type.
+    FIX_FP8 (under the interpreter, whose float32 -> e4m3 cast rounds ties away from zero and drops the carry
+    of a mantissa that rounds up into the exponent: 7.9 -> 4): round to nearest even on the bits first, so the
+    cast is exact. On a GPU it is one cvt.rn.satfinite."""
+    y = x.to(tl.float32) * inv_scale
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if FIX_FP8:
+        u = y.to(tl.int32, bitcast=True)
+        normal = ((u + (0x7FFFF + ((u >> 20) & 1))) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+        subnormal = ((y * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)  # multiples of 2**-9 (1.5 * 2**23)
+        y = tl.where(tl.abs(y) < 0.015625, subnormal, normal)
+    return y.to(dst_ptr.dtype.element_ty)

@@ -43,6 +43,13 @@ The silu prologue rounds like its own kernel (heron/kernels/activation.py); the 
 (h * weight) where the unfused norm rounds twice (h / rms, then times the weight): the fused result is the
 closer one to float32, and the two differ by about one bf16 rounding of the input.
 
+Float8 weights (`weight_scale`, FP8 checkpoints and `--quantization fp8`: heron/kernels/gemm/fp8.py's layout, a
+float32 scale per row): W is loaded in float8 (half the bytes of the 16-bit GEMV's tiles, so `default_config`
+picks tiles by bytes), cast to x's dtype for the inner product (exact: every e4m3 value is a bf16 and an fp16),
+and each output row's float32 sums are multiplied by its scale once, after the split-K partials are summed and
+before the bias. x stays in 16 bits (W8A16); the prologues work unchanged. A compile-time switch (`W_SCALED`):
+the 16-bit kernels are the same code as without it.
+
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
@@ -62,6 +69,7 @@ from heron.kernels.rmsnorm import fix_bf16, round_to
 
 MAX_M = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8 = torch.float8_e4m3fn  # a weight in float8 comes with a float32 scale per row (heron/kernels/gemm/fp8.py)
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,7 @@ def _load(ptrs, mask):
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    ws_ptr,
     b_ptr,
     out_ptr,
     part_ptr,
@@ -151,6 +160,7 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    W_SCALED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     FIX_BF16: tl.constexpr,
@@ -213,6 +223,8 @@ def _gemv_kernel(
         if USE_DOT:
             if UPCAST:
                 w, xt = w.to(tl.float32), xt.to(tl.float32)
+            elif W_SCALED:  # float8 weights: tensor cores take both operands in x's dtype
+                w = w.to(xt.dtype)
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         else:
             acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
@@ -239,6 +251,8 @@ def _gemv_kernel(
         for s in range(split_k):  # in split order: the same sum whichever split arrived last
             acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0, cache_modifier=".cg")
         tl.store(count_ptr + pid_n, 0)
+    if W_SCALED:  # W = its float8 values times one scale per row, which factors out of the row's sums
+        acc *= tl.load(ws_ptr + tl.minimum(n, N - 1))[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
     tl.store(
@@ -262,18 +276,24 @@ def default_config(m: int, n: int, k: int, elem_size: int, sms: int) -> GemvConf
 
 
 def pick_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemvConfig:
+    """The config for a weight of `dtype` (a float8 weight's tiles hold twice the columns of a 16-bit one's)."""
     tuned = CONFIGS.get((1 if m == 1 else MAX_M, n, k)) if dtype.itemsize == 2 else None
     return tuned or default_config(m, n, k, dtype.itemsize, num_sms(device))
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+def use_gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None
+) -> bool:
     """Whether `gemv` takes this product: CUDA, 1..16 rows of x (a row-strided 2-D view is fine), a
-    contiguous 2-D weight and bias of x's dtype (bf16, fp16 or fp32)."""
+    contiguous 2-D weight and bias of x's dtype (bf16, fp16 or fp32), or a float8 weight with `weight_scale`
+    (float32 [N, 1])."""
     k = x.shape[-1] if x.dim() else 0
+    scaled = weight_scale is not None
     return (
         x.is_cuda
         and x.dtype in DTYPES
-        and weight.dtype == x.dtype
+        and weight.dtype == (FP8 if scaled else x.dtype)
+        and (not scaled or (weight_scale.dtype == torch.float32 and weight_scale.shape == (weight.shape[0], 1)))
         and weight.dim() == 2
         and weight.shape[1] == k > 0
         and weight.shape[0] > 0
@@ -322,19 +342,26 @@ def gemv(
     *,
     config: GemvConfig | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
     [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
-    (`make_workspace`) replaces the shared split-K workspace. No host sync; the grid is fixed by the shapes."""
-    return _launch(x, weight, bias, out, config, workspace)
+    (`make_workspace`) replaces the shared split-K workspace; `weight_scale` [N, 1]: the weight is float8
+    and each row's sums are scaled by its scale. No host sync; the grid is fixed by the shapes."""
+    return _launch(x, weight, bias, out, config, workspace, weight_scale)
 
 
 def gemv_silu_mul(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: GemvConfig | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(silu(x[..., :K]) * x[..., K:], weight, bias): SwiGLU's activation and down projection in one
-    kernel; x [..., 2K] with <= 16 rows, weight [N, K]."""
-    return _launch(x, weight, bias, None, config, None, prologue=1)
+    kernel; x [..., 2K] with <= 16 rows, weight [N, K] (float8 with `weight_scale`, as `gemv`)."""
+    return _launch(x, weight, bias, None, config, None, weight_scale, prologue=1)
 
 
 def gemv_rms_norm(
@@ -346,17 +373,20 @@ def gemv_rms_norm(
     bias: torch.Tensor | None = None,
     *,
     config: GemvConfig | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's RMSNorm (with the residual add) and the projection after it in one kernel:
     h = x + residual (x when residual is None), returns (F.linear(norm_weight * rmsnorm(h), weight, bias), h).
-    x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype."""
+    x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype; weight float8 with `weight_scale`
+    as `gemv`."""
     assert norm_weight.shape == x.shape[-1:] and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
+    norm = (norm_weight, eps)
     if residual is None:
-        return _launch(x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps)), x
+        return _launch(x, weight, bias, None, config, None, weight_scale, prologue=2, norm=norm), x
     assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y = _launch(
-        x, weight, bias, None, config, None, prologue=2, norm=(norm_weight, eps), residual=(residual, residual_out)
+        x, weight, bias, None, config, None, weight_scale, prologue=2, norm=norm, residual=(residual, residual_out)
     )
     return y, residual_out
 
@@ -368,6 +398,7 @@ def _launch(
     out: torch.Tensor | None,
     config: GemvConfig | None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None,
+    weight_scale: torch.Tensor | None = None,
     prologue: int = 0,
     norm: tuple[torch.Tensor, float] | None = None,
     residual: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -382,7 +413,11 @@ def _launch(
     if out is None:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     assert out.shape == (*x.shape[:-1], n) and out.dtype == x.dtype and out.is_contiguous()
-    cfg = config or pick_config(m, n, k, x.dtype, x.device)
+    if weight_scale is not None:
+        assert weight.dtype == FP8 and weight_scale.dtype == torch.float32 and weight_scale.shape == (n, 1)
+    else:
+        assert weight.dtype == x.dtype
+    cfg = config or pick_config(m, n, k, weight.dtype, x.device)
     if prologue == 2 and cfg.split_k > 1:  # its programs need all of K (the sum of squares)
         cfg = replace(cfg, split_k=1)
     assert cfg.dot or m == 1, "the FMA path takes one row"
@@ -399,6 +434,7 @@ def _launch(
     _gemv_kernel[(tiles, cfg.split_k)](
         x2,
         weight,
+        weight_scale if weight_scale is not None else x2,
         bias if bias is not None else x2,
         out,
         part,
@@ -424,6 +460,7 @@ def _launch(
         USE_DOT=cfg.dot,
         EVEN_K=k % cfg.block_k == 0,
         HAS_BIAS=bias is not None,
+        W_SCALED=weight_scale is not None,
         UPCAST=cfg.dot and dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         FIX_BF16=fix_bf16(),

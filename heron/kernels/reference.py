@@ -274,9 +274,9 @@ def fp8_linear_ref(
 ) -> torch.Tensor:
     """heron/kernels/gemm/fp8.py's `fp8_linear` by dequantize-then-matmul: x quantized per token as there, both
     operands dequantized to float32, F.linear, the output in x's dtype."""
-    from heron.kernels.gemm.fp8 import quantize_fp8_rows
+    from heron.kernels.gemm.fp8 import quantize_fp8_rows_ref
 
-    xq, x_scale = quantize_fp8_rows(x)
+    xq, x_scale = quantize_fp8_rows_ref(x)
     y = F.linear(xq.float() * x_scale, weight.float() * weight_scale, None if bias is None else bias.float())
     return y.to(x.dtype)
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import check_cache, pdl_enter, pdl_options
+from heron.kernels.common import check_cache, pdl_enter, pdl_options, to_fp8
 from heron.kernels.reference import is_fp8
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -82,22 +82,6 @@ def _rope_heads(
         y1, y2 = to_fp8(y1, inv_scale, dst_ptr, FIX_BF16), to_fp8(y2, inv_scale, dst_ptr, FIX_BF16)
     tl.store(dst, y1, mask=mask)
     tl.store(dst + HALF, y2, mask=mask)
-
-
-@triton.jit
-def to_fp8(x, inv_scale, dst_ptr, FIX_FP8: tl.constexpr):
-    """x / scale, clamped to float8 e4m3's +-448 (a plain cast past it gives NaN), in dst_ptr's float8 type.
-    FIX_FP8 (under the interpreter, whose float32 -> e4m3 cast rounds ties away from zero and drops the carry
-    of a mantissa that rounds up into the exponent: 7.9 -> 4): round to nearest even on the bits first, so the
-    cast is exact. On a GPU it is one cvt.rn.satfinite."""
-    y = x.to(tl.float32) * inv_scale
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    if FIX_FP8:
-        u = y.to(tl.int32, bitcast=True)
-        normal = ((u + (0x7FFFF + ((u >> 20) & 1))) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
-        subnormal = ((y * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)  # multiples of 2**-9 (1.5 * 2**23)
-        y = tl.where(tl.abs(y) < 0.015625, subnormal, normal)
-    return y.to(dst_ptr.dtype.element_ty)
 
 
 @triton.jit

@@ -62,8 +62,9 @@ class NormLinear(_OffsetWeight, DeviceOps):
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        # the GEMV's norm prologue reads a 16/32-bit weight: an FP8 / int4 projection runs the norm, then its matmul
-        if self.proj.is_quantized:
+        # the GEMV's norm prologue reads a 16/32-bit or FP8 weight: an int4 projection (or an FP8 one off CUDA)
+        # runs the norm, then its own matmul
+        if self.proj.needs_quantized_op(self.weight.is_cuda):
             if self.weight.is_cuda:
                 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
@@ -73,7 +74,8 @@ class NormLinear(_OffsetWeight, DeviceOps):
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import rms_norm_linear
 
-            self._norm_linear = partial(rms_norm_linear, plans=self.proj.matmul_plans)
+            proj = self.proj
+            self._norm_linear = partial(rms_norm_linear, plans=proj.matmul_plans, weight_scale=proj.weight_scale)
         else:
             self._norm_linear = rms_norm_linear_ref
 
@@ -92,7 +94,7 @@ def _norm_then_proj(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rms_norm_linear`'s contract over a projection that runs its own matmul (an FP8 one): the norm's kernel,
+    """`rms_norm_linear`'s contract over a projection that runs its own matmul (an int4 one): the norm's kernel,
     then proj (which holds `weight` and `bias`)."""
     if residual is None:
         normed, residual = norm(x, norm_weight, eps), x

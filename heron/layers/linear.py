@@ -11,8 +11,9 @@ replaces (F.linear) with the same parameter names and shapes: on CUDA through th
 `MatmulPlans` registry the layer was built with), F.linear elsewhere.
 
 `use_fp8()` turns a layer's weight into float8 e4m3 with a float32 scale per output row (`weight_scale`, loaded
-under the checkpoint's name; a per-tensor scale is stored on every row of its matrix), and its matmul into the
-door's FP8 one (heron/kernels/gemm/fp8.py; its dequantize-then-matmul reference off CUDA). `use_int4(group_size,
+under the checkpoint's name; a per-tensor scale is stored on every row of its matrix), which the layer passes to
+the door's entry points with the weight (the GEMV at decode sizes, else heron/kernels/gemm/fp8.py; its
+dequantize-then-matmul reference off CUDA). `use_int4(group_size,
 zero_point)` holds it packed in int4 (int32 `weight` [N, K/8], `weight_scale` [N, K/G], `weight_zero_point`
 [N, K/G] where the format has zero points; heron/kernels/gemm/int4.py says the layout) and runs the door's W4A16
 GEMM. Both layouts keep rows as output features, so the loaders below split and fuse them as they do a 16-bit
@@ -67,16 +68,14 @@ def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def quantized_op(layer: QuantizedWeight, activation: str | None = None):
-    """op(x, weight, bias=None) of an FP8 or int4 layer: the door's `fp8_linear` / `int4_linear` on CUDA, their
-    references elsewhere; with `activation` ("silu" / "gelu_tanh") applied to a gate/up input first, as its own
-    kernel."""
+    """op(x, weight, bias=None) of an int4 layer (the door's `int4_linear` on CUDA) or, off CUDA, of an FP8 or
+    int4 layer (their references); with `activation` ("silu" / "gelu_tanh") applied to a gate/up input first,
+    as its own kernel. (On CUDA an FP8 layer binds the door's 16-bit entry points with its `weight_scale`.)"""
     if layer.weight.is_cuda:
         from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+        from heron.kernels.gemm.int4 import int4_linear as linear
 
-        if layer.is_fp8:
-            from heron.kernels.gemm.fp8 import fp8_linear as linear
-        else:
-            from heron.kernels.gemm.int4 import int4_linear as linear
+        assert layer.is_int4, "an FP8 layer takes the matmul door's linear on CUDA"
         acts = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
     else:
         linear = fp8_linear_ref if layer.is_fp8 else int4_linear_ref
@@ -141,9 +140,10 @@ class QuantizedWeight:
     def is_int4(self) -> bool:
         return self.weight.dtype == torch.int32
 
-    @property
-    def is_quantized(self) -> bool:
-        return self.is_fp8 or self.is_int4
+    def needs_quantized_op(self, on_cuda: bool) -> bool:
+        """Whether the layer runs `quantized_op` rather than the matmul door's (16-bit or FP8) entry points, on
+        CUDA or not (asked by a NormLinear too, which may be moved before its projection)."""
+        return self.is_int4 or (self.is_fp8 and not on_cuda)
 
 
 class ColumnParallelLinear(QuantizedWeight, DeviceOps):
@@ -167,12 +167,12 @@ class ColumnParallelLinear(QuantizedWeight, DeviceOps):
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.is_quantized:
+        if self.needs_quantized_op(self.weight.is_cuda):
             self._linear = quantized_op(self)
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import linear
 
-            self._linear = partial(linear, plans=self.matmul_plans)
+            self._linear = partial(linear, plans=self.matmul_plans, weight_scale=self.weight_scale)
         else:
             self._linear = F.linear
 
@@ -223,14 +223,14 @@ class RowParallelLinear(QuantizedWeight, DeviceOps):
         self.bind_ops()
 
     def bind_ops(self) -> None:
-        if self.is_quantized:
+        if self.needs_quantized_op(self.weight.is_cuda):
             activation = "silu" if self.swiglu else "gelu_tanh" if self.geglu else None
             self._linear = quantized_op(self, activation)
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import gelu_tanh_mul_linear, linear, silu_mul_linear
 
             op = silu_mul_linear if self.swiglu else gelu_tanh_mul_linear if self.geglu else linear
-            self._linear = partial(op, plans=self.matmul_plans)
+            self._linear = partial(op, plans=self.matmul_plans, weight_scale=self.weight_scale)
         else:
             self._linear = silu_mul_linear_ref if self.swiglu else gelu_tanh_mul_linear_ref if self.geglu else F.linear
 

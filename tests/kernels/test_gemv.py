@@ -157,6 +157,53 @@ def test_rms_norm_prologue(dtype, m, cfg, with_residual):
     _check(y, normed, w, b, f"rms_norm {cfg} residual={with_residual}")
 
 
+def _fp8_weight(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float8 weight with per-row scales of different magnitudes (heron/kernels/gemm/fp8.py's layout)."""
+    from heron.kernels.gemm.fp8 import quantize_fp8_rows_ref
+
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-2, 1, n)[:, None]
+    wq, scale = quantize_fp8_rows_ref(w)
+    return wq.to(DEVICE), scale.to(DEVICE)
+
+
+FP8_CASES = [
+    (1, GemvConfig(16, 64, split_k=2, dot=False)),
+    (1, GemvConfig(32, 64)),
+    (5, GemvConfig(32, 64, split_k=3)),
+    (16, GemvConfig(16, 32)),
+]
+
+
+@pytest.mark.parametrize("m,cfg", FP8_CASES, ids=["fma-split2", "dot-m1", "dot-split3", "dot-m16"])
+@pytest.mark.parametrize("prologue", ["none", "silu_mul", "rms_norm"])
+def test_fp8_weights(m, cfg, prologue):
+    """A float8 weight (W8A16) with each prologue equals F.linear of x (after the prologue's reference) with
+    the dequantized weight: each row's scale applied once, after the split-K partials are summed."""
+    gen = torch.Generator().manual_seed(m)
+    wq, scale = _fp8_weight(100, 200, gen)
+    w = wq.float() * scale  # what the product must use
+    x = torch.randn(m, 400 if prologue == "silu_mul" else 200, generator=gen).to(DEVICE, torch.bfloat16)
+    b = torch.randn(100, generator=gen).to(DEVICE, torch.bfloat16)
+    if prologue == "none":
+        got, x_in = gemv(x, wq, b, config=cfg, weight_scale=scale), x
+    elif prologue == "silu_mul":
+        got, x_in = gemv_silu_mul(x, wq, b, config=cfg, weight_scale=scale), silu_and_mul_ref(x)
+    else:
+        norm_w = (1 + 0.1 * torch.randn(200, generator=gen)).to(DEVICE, torch.bfloat16)
+        got, _ = gemv_rms_norm(x, None, norm_w, 1e-6, wq, b, config=cfg, weight_scale=scale)
+        x_in = rms_norm_ref(x, norm_w, 1e-6)
+    _check(got, x_in, w, b, f"fp8 {prologue} {cfg}")
+
+
+def test_use_gemv_takes_fp8_weights_with_their_scales_only():
+    wq, scale = _fp8_weight(32, 64, torch.Generator().manual_seed(0))
+    x = torch.randn(4, 64).to(DEVICE, torch.bfloat16)
+    assert use_gemv(x, wq, weight_scale=scale) == ON_GPU
+    assert not use_gemv(x, wq)  # a float8 weight needs its scales
+    assert not use_gemv(x, wq, weight_scale=scale[:16])
+    assert not use_gemv(x, wq.float(), weight_scale=scale)  # scales go with a float8 weight only
+
+
 # -- GPU only ---------------------------------------------------------------------------------------------------
 
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024), (4096, 14336)]

@@ -250,7 +250,8 @@ def test_dummy_fp8_weights_are_quantized_random_rows(tiny_model_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_engine_matches_cpu_reference(checkpoints):
-    """The door's torch._scaled_mm path (bf16 activations, CUDA graphs) against the CPU's float32 reference."""
+    """The door's FP8 paths (the float8 GEMV at decode, the quantization kernel and torch._scaled_mm for the
+    prompt; bf16 activations, CUDA graphs) against the CPU's float32 reference."""
     from transformers import AutoTokenizer
 
     path = checkpoints["channel"]

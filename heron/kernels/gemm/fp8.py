@@ -7,8 +7,10 @@ sum_k xq[m, k] wq[n, k], which is what `torch._scaled_mm`'s row-wise scaling com
 stored as the same scale on every row, so one kernel serves both. Dynamic activation scales need no calibration
 and follow outliers token by token; a checkpoint's static `input_scale` is not used.
 
-No Triton here: the quantization is a few element-wise torch ops (graph-safe, no host sync) and the GEMM is
-`torch._scaled_mm`, which also runs on the CPU (the tests compare it with `fp8_linear_ref`).
+On CUDA the quantization is one Triton kernel (fp8_quant.py), elsewhere its PyTorch reference; the GEMM is
+`torch._scaled_mm`, which also runs on the CPU (the tests compare it with `fp8_linear_ref`). At decode sizes
+the matmul door (linear.py) takes a float8 weight to the GEMV instead, which reads it at full bandwidth with x
+left in 16 bits (W8A16).
 """
 
 from __future__ import annotations
@@ -17,13 +19,22 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
-_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # an all-zero row keeps a finite, nonzero scale
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # an all-zero row keeps a finite, nonzero scale
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(xq float8 [..., K], scale float32 [..., 1]) with x ~= xq * scale: each row's absolute max maps to 448."""
+    if x.is_cuda:
+        from heron.kernels.gemm.fp8_quant import quantize_fp8_rows_triton
+
+        return quantize_fp8_rows_triton(x)
+    return quantize_fp8_rows_ref(x)
+
+
+def quantize_fp8_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_fp8_rows` in PyTorch ops."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 

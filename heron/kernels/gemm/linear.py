@@ -6,6 +6,10 @@ bandwidth where cuBLAS's small-M kernels do not, and takes the op before it into
 RMSNorm with the residual add, SwiGLU's activation): one launch instead of two. Past 16 rows, or where the
 operands do not fit the GEMV (`use_gemv`), the BLAS kernel tuned for the weight runs (blas.py), after the op
 before it as a kernel of its own.
+
+A float8 weight comes with `weight_scale` (float32 [N, 1], fp8.py): the GEMV reads it as it reads a 16-bit one
+(W8A16, each row's sums scaled once), so a decode step keeps its fused prologues and pays no activation
+quantization; past 16 rows the W8A8 GEMM (`fp8_linear`) runs.
 """
 
 from __future__ import annotations
@@ -14,35 +18,51 @@ import torch
 
 from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from heron.kernels.gemm.blas import blas_linear
+from heron.kernels.gemm.fp8 import fp8_linear
 from heron.kernels.gemm.plans import MatmulPlans
 from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plans: MatmulPlans | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight."""
-    if use_gemv(x, weight, bias):
-        return gemv(x, weight, bias)
+    """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight
+    (or, for a float8 weight with `weight_scale`, the FP8 GEMM)."""
+    if use_gemv(x, weight, bias, weight_scale):
+        return gemv(x, weight, bias, weight_scale=weight_scale)
+    if weight_scale is not None:
+        return fp8_linear(x, weight, bias, weight_scale=weight_scale)
     return blas_linear(x, weight, bias, plans)
 
 
 def silu_mul_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plans: MatmulPlans | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes."""
-    if use_gemv(gate_up[..., : weight.shape[1]], weight, bias):
-        return gemv_silu_mul(gate_up, weight, bias)
-    return linear(silu_and_mul(gate_up), weight, bias, plans)
+    if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, weight_scale):
+        return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale)
+    return linear(silu_and_mul(gate_up), weight, bias, plans, weight_scale)
 
 
 def gelu_tanh_mul_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, plans: MatmulPlans | None = None
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plans: MatmulPlans | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """linear(gelu_tanh(gate) * up) (GeGLU's down projection): the activation kernel, then the projection. Never
     the GEMV's fused prologue, which computes SiLU."""
-    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans)
+    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans, weight_scale)
 
 
 def rms_norm_linear(
@@ -53,14 +73,15 @@ def rms_norm_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's entry: (linear(rmsnorm(x + residual)), x + residual); without a residual (the first
     layer) x itself is the residual. One GEMV kernel at decode sizes."""
-    fits = use_gemv(x, weight, bias) and norm_weight.dtype == x.dtype
+    fits = use_gemv(x, weight, bias, weight_scale) and norm_weight.dtype == x.dtype
     if fits and (residual is None or residual.stride(-1) == 1):
-        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias)
+        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale)
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x
     else:
         normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return linear(normed, weight, bias, plans), residual
+    return linear(normed, weight, bias, plans, weight_scale), residual

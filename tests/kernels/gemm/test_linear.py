@@ -34,17 +34,28 @@ def _plain(t):
     return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
 
 
-def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, **_):
+def _w(x, weight, weight_scale=None):
+    """The GEMV's weight as a matrix of x's dtype: a float8 one times its row scales."""
+    return weight if weight_scale is None else (weight.float() * weight_scale).to(x.dtype)
+
+
+def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, weight_scale=None, **_):
     if residual is None:
-        return F.linear(reference.rms_norm_ref(x, norm_weight, eps), weight, bias), x
+        return F.linear(reference.rms_norm_ref(x, norm_weight, eps), _w(x, weight, weight_scale), bias), x
     normed, h = reference.rms_norm_ref(x, norm_weight, eps, residual)
-    return F.linear(normed, weight, bias), h
+    return F.linear(normed, _w(x, weight, weight_scale), bias), h
 
 
 KERNELS = {  # name -> (modules that hold it, its reference)
-    "gemv": ((gemv, door), lambda x, w, b=None, out=None, **_: F.linear(x, w, b)),
+    "gemv": (
+        (gemv, door),
+        lambda x, w, b=None, out=None, weight_scale=None, **_: F.linear(x, _w(x, w, weight_scale), b),
+    ),
     "gemv_rms_norm": ((gemv, door), _gemv_rms_norm),
-    "gemv_silu_mul": ((gemv, door), lambda x, w, b=None, **_: reference.silu_mul_linear_ref(x, w, b)),
+    "gemv_silu_mul": (
+        (gemv, door),
+        lambda x, w, b=None, weight_scale=None, **_: reference.silu_mul_linear_ref(x, _w(x, w, weight_scale), b),
+    ),
     "rms_norm": ((rmsnorm, door), lambda x, w, eps, out=None: reference.rms_norm_ref(x, w, eps)),
     "fused_add_rms_norm": ((rmsnorm, door), lambda x, r, w, eps, **_: reference.rms_norm_ref(x, w, eps, r)),
     "silu_and_mul": ((activation, door), lambda x, out=None: reference.silu_and_mul_ref(x)),
@@ -55,6 +66,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
     "fused_experts": ((fused_moe,), reference.fused_experts_ref),
     "int4_linear": ((int4,), reference.int4_linear_ref),
+    "fp8_linear": ((door,), reference.fp8_linear_ref),
 }
 
 
@@ -113,7 +125,11 @@ def _on_fake_cuda(arch: str, **extra):
     )
     cfg = TransformerConfig.from_hf(hf)
     torch.manual_seed(0)
-    model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: a float8 weight and its float32 scales stay as made
+    try:
+        model = get_model_cls(cfg.architecture)(cfg, TorchAttentionBackend(4, 2, cfg.head_dim, cfg.head_dim**-0.5))
+    finally:
+        torch.set_default_dtype(torch.float32)
     with torch.no_grad():
         if quantize_layers(model, hf, None):
             init_dummy_weights(model, 0)
@@ -122,7 +138,7 @@ def _on_fake_cuda(arch: str, **extra):
                 p.normal_(0, 0.1)
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        model.to(torch.bfloat16)._apply(_fake)  # "moved to CUDA": the layers bind their CUDA ops
+        model._apply(_fake)  # "moved to CUDA": the layers bind their CUDA ops
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     for layer in model.layers:
@@ -198,4 +214,24 @@ def test_an_int4_layer_runs_the_w4a16_kernel_after_its_norm_and_activation(launc
             launches.clear()
             logits = _step(model, cfg, rows, decode)
             assert launches == layer + later + ["fused_add_rms_norm", "gemv"]
+            assert torch.isfinite(_plain(logits)).all()
+
+
+def test_an_fp8_layer_takes_the_fused_gemv_at_decode_sizes_and_the_fp8_gemm_past_them(launches):
+    """An FP8 model (`--quantization fp8`): at decode sizes the same fused GEMV launches as a bf16 model (the
+    weight read in float8, W8A16); past 16 rows the W8A8 GEMM, after the norm and activation kernels."""
+    model, cfg = _on_fake_cuda("Qwen3ForCausalLM", quantization_config={"quant_method": "fp8"})
+    assert model.layers[0].mlp.down_proj.is_fp8
+    fused = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
+    unfused = ["rms_norm", "fp8_linear", "apply_rope_and_cache", "fp8_linear", "fused_add_rms_norm", "fp8_linear"]
+    unfused += ["silu_and_mul", "fp8_linear"]
+    later = ["fused_add_rms_norm" if k == "rms_norm" else k for k in unfused]
+    with torch.inference_mode():
+        for rows, layers, head in (
+            (4, fused + fused, ["fused_add_rms_norm", "gemv"]),
+            (17, unfused + later, ["fused_add_rms_norm", "mm_float32"]),
+        ):
+            launches.clear()
+            logits = _step(model, cfg, rows, decode=True)
+            assert launches == layers + head, rows
             assert torch.isfinite(_plain(logits)).all()
