@@ -27,7 +27,7 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.is_cuda:
         from heron.kernels.gemm.fp8_quant import quantize_fp8_rows_triton
 
-        return quantize_fp8_rows_triton(x)
+        return quantize_fp8_rows_triton(x, FP8_DTYPE, FP8_MAX, MIN_SCALE)
     return quantize_fp8_rows_ref(x)
 
 

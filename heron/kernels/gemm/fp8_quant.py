@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import interpreting, to_fp8
-from heron.kernels.gemm.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 BLOCK_K = 1024
 
@@ -48,14 +47,18 @@ def _quantize_rows_kernel(
         tl.store(q_row + ks, to_fp8(tl.math.div_rn(x, scale), 1.0, q_ptr, FIX_FP8), mask=ks < K)
 
 
-def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(xq float8 [..., K], scale float32 [..., 1]) with x ~= xq * scale, as `quantize_fp8_rows_ref`."""
+def quantize_fp8_rows_triton(
+    x: torch.Tensor, dtype: torch.dtype, fp8_max: float, min_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq [..., K] of float8 `dtype`, scale float32 [..., 1]) with x ~= xq * scale, each row's absolute max
+    mapped to `fp8_max`, the scale at least `min_scale`: fp8.py's `quantize_fp8_rows_ref` (whose constants
+    fp8.py passes)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     rows = x2.shape[0]
-    q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
     scale = torch.empty(*x.shape[:-1], 1, dtype=torch.float32, device=x.device)
     if rows:
         _quantize_rows_kernel[(rows,)](
@@ -65,8 +68,8 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
             k,
             x2.stride(0),
             k,
-            QMAX=FP8_MAX,
-            MIN_S=MIN_SCALE,
+            QMAX=fp8_max,
+            MIN_S=min_scale,
             BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)),
             FIX_FP8=interpreting(),
         )

@@ -9,10 +9,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from heron.kernels.gemm.fp8 import quantize_fp8_rows_ref
+from heron.kernels.gemm.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8_rows_ref
 from heron.kernels.gemm.fp8_quant import quantize_fp8_rows_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = (FP8_DTYPE, FP8_MAX, MIN_SCALE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -21,7 +22,7 @@ def test_quantize_rows_equals_the_reference(dtype, k):
     gen = torch.Generator().manual_seed(k)
     x = (torch.randn(2, 3, k, generator=gen) * torch.logspace(-4, 4, 3)[:, None]).to(dtype)
     x[1, 1] = 0.0
-    q, scale = quantize_fp8_rows_triton(x.to(DEVICE))
+    q, scale = quantize_fp8_rows_triton(x.to(DEVICE), *FP8)
     want_q, want_scale = quantize_fp8_rows_ref(x)
     assert q.shape == x.shape and scale.shape == (2, 3, 1)
     assert torch.equal(scale.cpu(), want_scale)
@@ -31,6 +32,6 @@ def test_quantize_rows_equals_the_reference(dtype, k):
 def test_quantize_rows_of_a_strided_view():
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
     view = x[:, :32]  # rows 64 apart
-    q, scale = quantize_fp8_rows_triton(view.to(DEVICE))
+    q, scale = quantize_fp8_rows_triton(view.to(DEVICE), *FP8)
     want_q, want_scale = quantize_fp8_rows_ref(view)
     assert torch.equal(scale.cpu(), want_scale) and torch.equal(q.cpu().float(), want_q.float())
