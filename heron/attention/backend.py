@@ -41,9 +41,10 @@ class AttentionMetadata:
     # capture, captured, or about to be replayed. Backends that plan into fixed device buffers (FlashInfer) use
     # the graph's; a prefill graph (max_query_len > 1, captured at its token count) may replay any mix of rows.
     cuda_graph: bool = False
-    # A decode graph captured with the cascade kernels (attention/cascade.py), whose grouping is device data:
-    # the backend runs them even when the step has no group (every prefix program then exits at once).
-    cascade: bool = False
+    # Cascade attention (attention/cascade.py) for the step's decode rows: None, where it pays; True, always (a
+    # graph captured with the cascade kernels, whose grouping is device data: with no group every prefix
+    # program exits at once); False, never (a graph captured without them).
+    cascade: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,10 @@ class AttentionBackend(ABC):
         """Called once before any step: allocate per-step workspaces at their largest size. dtype (of q
         and the cache), block_size and max_blocks_per_seq (the block tables' width) are for backends that
         plan a step before its forward pass has shown them any tensor (FlashInfer); others ignore them.
-        `cascade_attn`: plan shared-prefix (cascade) attention for decode steps, where the backend can."""
+        `cascade_attn`: plan shared-prefix (cascade) attention for decode rows, where the backend can."""
 
     def runs_cascade(self, meta: AttentionMetadata) -> bool:
-        """Whether the step of `meta` runs the cascade kernels: its decode graph is the one captured with them
+        """Whether the step of `meta` runs the cascade kernels: its graph is the one captured with them
         (`AttentionMetadata.cascade`)."""
         return False
 

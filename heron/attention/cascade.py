@@ -1,5 +1,9 @@
 """Which decoding sequences share a cached prefix, and whether reading it once for them pays (cascade attention).
 
+The decoding sequences of a step: all of a pure decode step's, or the one-token rows of a mixed step (decode
+rows beside new prompts' chunks, the steady state of a job that admits prompts as others finish); a prompt
+chunk is never a member.
+
 Prefix caching gives sequences with a common prompt prefix the same physical blocks, so the grouping is read off
 the block tables alone: sequences whose tables start with the same block id form a candidate group, each member's
 match is how many leading block ids it has in common with the group's first member, and the group takes the
@@ -144,13 +148,17 @@ class CascadeBuffers:
         )
 
     def plan(self, meta: AttentionMetadata, force: bool) -> bool:
-        """Plan the pure decode step of `meta` (host tables and lengths only) and queue the plan's copy to the
-        device; `force`: even without a group (a graph captured with the cascade kernels replays). Returns
-        whether the step runs the cascade kernels."""
+        """Plan the decode rows of the step of `meta` (host tables and lengths only) and queue the plan's copy
+        to the device; `force`: even without a group (a graph captured with the cascade kernels replays).
+        Returns whether the step runs the cascade kernels."""
         b = meta.num_seqs
         if meta.block_tables_cpu is None or b < self.planner.min_group:
             return False
-        groups = self.planner.groups(meta.block_tables_cpu[:b].numpy(), meta.seq_lens_cpu[:b].numpy())
+        seq_lens = meta.seq_lens_cpu[:b].numpy()
+        if meta.max_query_len > 1:  # a mixed step: its prompt chunks' rows are in no group (length 0 here)
+            qsl = meta.query_start_loc_cpu[: b + 1].numpy()
+            seq_lens = np.where(qsl[1:] - qsl[:-1] == 1, seq_lens, 0)
+        groups = self.planner.groups(meta.block_tables_cpu[:b].numpy(), seq_lens)
         if not groups and not force:
             return False
         self.host.reverse()

@@ -15,12 +15,12 @@ A decode step of many sequences (at most 2 partitions each) starts its programs 
 (`paged_decode.longest_first`, one argsort on the device by the step's first layer, shared by the others): the
 last programs to start are then short ones, not a long sequence that keeps one SM busy after the rest finish.
 
-Cascade (`reserve(cascade_attn=True)`, heron/attention/cascade.py): a pure decode step whose sequences share
-long cached prefixes in groups worth it runs the prefix kernel first (heron/kernels/cascade.py: each group's
-prefix read once for all its members) and then the decode kernel over each sequence's own keys, merging the
-prefix's partials. The plan is device data at fixed addresses, so such a step replays a decode graph captured
-with both kernels (`runs_cascade`); a step with no group runs the plain graph and pays nothing. Layers with a
-sliding window run the plain kernel.
+Cascade (`reserve(cascade_attn=True)`, heron/attention/cascade.py): a decode or mixed step whose decode rows
+share long cached prefixes in groups worth it runs the prefix kernel first (heron/kernels/cascade.py: each
+group's prefix read once for all its members) and then the decode kernel over each sequence's own keys, merging
+the prefix's partials (a mixed step's prompt chunks then take the prefill kernel as always). The plan is device
+data at fixed addresses, so such a step replays a graph captured with both kernels (`runs_cascade`); a step
+with no group runs the plain graph and pays nothing. Layers with a sliding window run the plain kernel.
 
 A layer's sliding window and soft cap (`AttentionParams`) reach both kernels as constexprs: each distinct
 set compiles a variant of its own, and a layer without them runs the kernels that full attention always ran.
@@ -73,9 +73,9 @@ class TritonAttentionBackend(AttentionBackend):
         self._planned = (meta, mode)
         self._cascade_step = (
             self._cascade is not None
-            and mode == "decode"
-            and meta.num_tokens == meta.num_seqs
-            and self._cascade.plan(meta, force=meta.cascade)
+            and meta.cascade is not False
+            and (mode == "mixed" or (mode == "decode" and meta.num_tokens == meta.num_seqs))
+            and self._cascade.plan(meta, force=meta.cascade is True)
         )
         self._order = None  # sorted again for each step (and inside a graph captured after its eager run)
 
@@ -164,8 +164,9 @@ class TritonAttentionBackend(AttentionBackend):
             v_scale=params.v_scale,
         )
 
-    def _run_cascade(self, q, kv_cache, meta, out, params: AttentionParams):
-        """The planned cascade: each group's prefix once (unused tiles exit), then every sequence's own keys."""
+    def _run_cascade(self, q, kv_cache, meta, out, query_start_loc, params: AttentionParams):
+        """The planned cascade: each group's prefix once (unused tiles exit), then every decode row's own keys
+        (`query_start_loc`: a mixed step's rows)."""
         b = meta.num_seqs
         kv_start, tile_len, members, partials = self._cascade.inputs(b)
         prefix = self._cascade_kernels.cascade_prefix_attention(
@@ -179,8 +180,9 @@ class TritonAttentionBackend(AttentionBackend):
             soft_cap=params.logits_soft_cap,
             k_scale=params.k_scale,
             v_scale=params.v_scale,
+            query_start_loc=query_start_loc,
         )
-        self._run_decode(q, kv_cache, meta, out, None, params, (kv_start, prefix))
+        self._run_decode(q, kv_cache, meta, out, query_start_loc, params, (kv_start, prefix))
 
     def forward(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, params: AttentionParams | None = None
@@ -196,12 +198,14 @@ class TritonAttentionBackend(AttentionBackend):
         if mode == "decode":
             # All query lengths are 1; row i is sequence i when there are exactly B tokens.
             if self._cascade_step and not params.sliding_window:
-                self._run_cascade(q, kv_cache, meta, out, params)
+                self._run_cascade(q, kv_cache, meta, out, None, params)
             else:
                 qsl = None if meta.num_tokens == b else meta.query_start_loc
                 self._run_decode(q, kv_cache, meta, out, qsl, params)
         else:
-            if mode == "mixed":
+            if mode == "mixed" and self._cascade_step and not params.sliding_window:
+                self._run_cascade(q, kv_cache, meta, out, meta.query_start_loc, params)
+            elif mode == "mixed":
                 self._run_decode(q, kv_cache, meta, out, meta.query_start_loc, params)
             self._prefill.paged_prefill_attention(
                 q,

@@ -99,7 +99,8 @@ class ModelRunner:
             else []
         )
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # key -> (graph, hidden)
-        # decode graphs captured with the cascade kernels, for steps whose sequences share prefixes (same keys)
+        # decode and mixed graphs captured with the cascade kernels, for steps whose decode rows share prefixes
+        # (same keys)
         self.cascade_graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.graph_keys = GraphKeys([], [])  # the captured graphs' keys (none until capture_cuda_graphs)
         self._graph_logits: torch.Tensor | None = None  # [largest decode graph, vocab] float32: their LM head
@@ -289,9 +290,10 @@ class ModelRunner:
         head) and, where the attention backend can replay any mix of rows, small prefill and mixed steps
         (their logits rows vary in number: gathered and projected after the replay, as in an eager step). A
         step then runs padded to its graph's counts with one launch. Largest first, so that every graph fits
-        in the memory pool the first ones reserved. The decode graphs write their logits into one buffer of
-        the largest size (a step's logits are sampled before the next step replays a graph), so they take
-        [largest decode batch, vocab] float32 in all."""
+        in the memory pool the first ones reserved. With cascade attention the decode and mixed steps get a
+        second graph each, captured with its kernels (`cascade_graphs`). The decode graphs write their logits
+        into one buffer of the largest size (a step's logits are sampled before the next step replays a
+        graph), so they take [largest decode batch, vocab] float32 in all."""
         if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_cuda_graphs:
             return
         if self.pooler is not None:  # prefill only: the graphs are mostly decode's, and the pooler reads all rows
@@ -315,10 +317,11 @@ class ModelRunner:
                 pad_to_graph(arrays.np, 0, 0, key)
                 b.upload(arrays)
                 # the graph's attention grids cover chunks of up to key[2] tokens
-                meta = self.attention_metadata(arrays, key[2], key[2], cuda_graph=True)
+                meta = self.attention_metadata(arrays, key[2], key[2], cuda_graph=True, cascade=False)
                 steps[key, False] = (arrays.dev, meta)
+                # a cascade variant for the decode and mixed graphs (the small steps' few rows rarely group)
                 cascade = dataclasses.replace(meta, cascade=True)
-                if is_decode(key) and self.backend.runs_cascade(cascade):
+                if key not in keys.prefill and self.backend.runs_cascade(cascade):
                     steps[key, True] = (arrays.dev, cascade)
                 for variant in (False, True):
                     if (key, variant) in steps:
@@ -436,11 +439,17 @@ class ModelRunner:
             kv[:, :, list(dst)] = kv[:, :, list(src)]
 
     def attention_metadata(
-        self, arrays: StepArrays, max_query_len: int, max_seq_len: int, cuda_graph: bool = False
+        self,
+        arrays: StepArrays,
+        max_query_len: int,
+        max_seq_len: int,
+        cuda_graph: bool = False,
+        cascade: bool | None = None,
     ) -> AttentionMetadata:
         """The step's attention metadata over its filled arrays, planned by the backend (tensor-parallel
         workers plan their own from the lengths rank 0 sends). `cuda_graph`: a batch padded to a captured
-        graph's counts (a backend that plans into fixed buffers uses the graph's)."""
+        graph's counts (a backend that plans into fixed buffers uses the graph's); `cascade`: as
+        `AttentionMetadata.cascade`."""
         d, h = arrays.dev, arrays.host
         meta = AttentionMetadata(
             num_seqs=arrays.num_seqs,
@@ -455,6 +464,7 @@ class ModelRunner:
             seq_lens_cpu=h.seq_lens,
             block_tables_cpu=h.block_tables,
             cuda_graph=cuda_graph,
+            cascade=cascade,
         )
         self.backend.prepare(meta)
         return meta
@@ -506,7 +516,9 @@ class ModelRunner:
         )
         b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
-        meta = self.attention_metadata(arrays, t.max_query_len, max_seq_len, cuda_graph=graph is not None)
+        # a graph without a cascade variant never cascades (else its step would run eagerly)
+        cascade = None if graph is None or graph in self.cascade_graphs else False
+        meta = self.attention_metadata(arrays, t.max_query_len, max_seq_len, graph is not None, cascade)
         return StepInputs(
             arrays=arrays,
             graph=graph,

@@ -18,7 +18,8 @@ and members, in device buffers the step overwrites), a tile of length 0 exits at
 its groups replays in a CUDA graph. The prefix is split into a fixed number of partitions (4 by default), so a
 group's ~2,000 prefix keys spread over 4 programs a KV head.
 
-Rows are sequences of a pure decode step: sequence b's query is q row b.
+Rows: in a pure decode step sequence b's query is q row b; in a mixed step (decode rows beside prompt chunks,
+`query_start_loc`) it is q row query_start_loc[b], and only decode rows are members.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def tile_seqs(num_heads: int, num_kv_heads: int, block_m: int = BLOCK_M) -> int:
 @triton.jit
 def _cascade_prefix_kernel(
     q_ptr,
+    qsl_ptr,
     k_cache_ptr,
     v_cache_ptr,
     bt_ptr,
@@ -70,6 +72,7 @@ def _cascade_prefix_kernel(
     PRECISION: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     FP8: tl.constexpr,
+    USE_QSL: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -86,8 +89,11 @@ def _cascade_prefix_kernel(
     row_ok = (seq >= 0) & (gh < G)
     seq = tl.where(row_ok, seq, 0).to(tl.int64)
     heads = kvh * G + gh
+    q_row = seq
+    if USE_QSL:  # a mixed step: a member's one query row
+        q_row = tl.load(qsl_ptr + seq, mask=row_ok, other=0).to(tl.int64)
     q = tl.load(
-        q_ptr + seq[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0
+        q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0
     )
     if UPCAST:
         q = q.to(tl.float32)
@@ -163,15 +169,18 @@ def cascade_prefix_attention(
     num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    query_start_loc: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each tile's member sequences over their shared prefix.
 
-    q [B, H, D] (row b: sequence b); kv_cache [2, num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks]
-    int32; tile_len [T] int32 (prefix keys of tile t; 0: an unused tile) and
-    tile_members [T, tile_seqs(H, Hkv)] int32 (member sequences, -1: none; the first is a member whenever
-    tile_len > 0): `heron/attention/cascade.py` plans them. `workspace`: `make_prefix_workspace`'s, written at
-    the members' rows. Returns the workspace (out, lse), for `paged_decode_attention(..., prefix=...)`. A float8
-    cache is read as k * k_scale and v * v_scale. No host-device sync; the grid is (T, Hkv, parts)."""
+    q [B, H, D] (row b: sequence b), or with `query_start_loc` [B + 1] int32 q [T, H, D] of a mixed step
+    (sequence b's row: query_start_loc[b]; members must be one-token rows); kv_cache [2, num_blocks,
+    block_size, Hkv, D]; block_tables [B, max_blocks] int32; tile_len [T] int32 (prefix keys of tile t; 0: an
+    unused tile) and tile_members [T, tile_seqs(H, Hkv)] int32 (member sequences, -1: none; the first is a
+    member whenever tile_len > 0): `heron/attention/cascade.py` plans them. `workspace`:
+    `make_prefix_workspace`'s, written at the members' rows. Returns the workspace (out, lse), for
+    `paged_decode_attention(..., prefix=...)`. A float8 cache is read as k * k_scale and v * v_scale. No
+    host-device sync; the grid is (T, Hkv, parts)."""
     check_cache(kv_cache)
     fp8 = is_fp8(kv_cache.dtype)
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -192,6 +201,7 @@ def cascade_prefix_attention(
     grid = (tile_len.shape[0], num_kv_heads, parts)
     _cascade_prefix_kernel[grid](
         q,
+        query_start_loc if query_start_loc is not None else tile_len,  # (a placeholder pointer when unused)
         k_cache,
         v_cache,
         block_tables,
@@ -219,6 +229,7 @@ def cascade_prefix_attention(
         PRECISION=dot_precision(q.dtype),
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
         FP8=fp8,
+        USE_QSL=query_start_loc is not None,
         num_warps=num_warps,
         num_stages=num_stages or (3 if kv_cache.element_size() <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),

@@ -1,7 +1,8 @@
 """Cascade (shared-prefix) decode attention against the plain paged decode kernel and the PyTorch reference, over
 random group structures planned by heron/attention/cascade.py: members at different lengths, a member whose
 table matches its group's only partly, sequences in no group, padded rows; the plan recomputed after a member
-leaves. Under the interpreter on the CPU (tiny shapes) or on the GPU."""
+leaves; a mixed step's decode rows beside prompt chunks. Under the interpreter on the CPU (tiny shapes) or on the
+GPU."""
 
 from __future__ import annotations
 
@@ -125,6 +126,45 @@ def test_cascade_after_a_member_leaves():
     assert_close(out, plain, torch.float32, "cascade vs plain decode after a member left")
 
 
+def test_cascade_in_a_mixed_step():
+    """Decode rows beside prompt chunks (query_start_loc): the prefix kernel reads each member's one query row,
+    prompt rows are in no group (planned with length 0, as CascadeBuffers.plan does) and left to the prefill
+    kernel; the decode rows equal the plain mixed-step decode kernel's."""
+    rng = np.random.default_rng(11)
+    tables, lens, num_blocks = _structure(rng, 16, num_groups=2, group_size=5, loners=2)
+    b = len(lens)
+    q_lens = np.ones(b, dtype=np.int32)
+    grouped = np.flatnonzero(lens > 16 * 4)
+    q_lens[grouped[::4]] = 3  # a few would-be members are prompt chunks this step
+    qsl_np = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    heads, head_dim, dtype = (4, 2), 32, torch.float32
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(2, num_blocks, 16, heads[1], head_dim, generator=gen).to(DEVICE, dtype)
+    q = torch.randn(int(qsl_np[-1]), heads[0], head_dim, generator=gen).to(DEVICE, dtype)
+    bt, sl, qsl = (torch.from_numpy(a).to(DEVICE) for a in (tables, lens, qsl_np))
+    planner = CascadePlanner(
+        b, tile_seqs(*heads, block_m=16), 16, 1, min_group=2, min_prefix_blocks=2, min_saved_bytes=1
+    )
+    groups = planner.groups(tables, np.where(q_lens == 1, lens, 0))
+    members = np.concatenate([m for m, _ in groups])
+    assert len(groups) == 2 and not np.isin(np.flatnonzero(q_lens > 1), members).any()
+    packed = np.zeros(planner.size, dtype=np.int32)
+    planner.write(packed, b, groups)
+    kv_start, tile_len, tile_members = planner.views(torch.from_numpy(packed).to(DEVICE), b)
+    ws = make_prefix_workspace(b, heads[0], head_dim, DEVICE, parts=2)
+    kw = dict(block_n=None if ON_GPU else 16)
+    prefix = cascade_prefix_attention(
+        q, cache, bt, tile_len, tile_members, head_dim**-0.5, ws, query_start_loc=qsl, **kw
+    )
+    out = paged_decode_attention(
+        q, cache, bt, sl, head_dim**-0.5, out=torch.full_like(q, float("nan")), query_start_loc=qsl,
+        kv_start=kv_start, prefix=prefix, **kw,
+    )  # fmt: skip
+    plain = paged_decode_attention(q, cache, bt, sl, head_dim**-0.5, query_start_loc=qsl, **kw)
+    rows = torch.from_numpy(qsl_np[:-1][q_lens == 1]).to(DEVICE).long()
+    assert_close(out[rows], plain[rows], dtype, "cascade vs plain decode rows of a mixed step")
+
+
 def test_planner_rules():
     """Groups need enough members and prefix blocks; a partial match lowers the prefix only where that pays;
     a step that saves too little runs plain."""
@@ -154,20 +194,23 @@ def test_planner_rules():
 
 def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch):
     """Requests sharing a system prompt, through the engine on the Triton backend: greedy outputs with cascade
-    attention equal those without, and the cascade ran. The first request fills the prefix cache; the others
-    then share its blocks, at different lengths, and one finishes early (the steps after it plan without it)."""
+    attention equal those without, and the cascade ran, in decode steps and in mixed ones. The first request
+    fills the prefix cache; the others then share its blocks, at different lengths; one finishes early (the
+    steps after it plan without it) and the last, admitted in its place (four at a time), prefills beside the
+    others' decode rows."""
     from heron import LLM, SamplingParams
     from heron.attention import cascade as plan
     from heron.inputs import TokensPrompt
 
     monkeypatch.setattr(plan, "MIN_SAVED_BYTES", 0)  # a tiny model's prefix saves few bytes, but does save
     monkeypatch.setattr(plan, "MIN_PREFIX_BLOCKS", 2)
-    grouped = []  # per planned step (not a graph's capture): whether it runs as a cascade
+    monkeypatch.setattr(plan, "MIN_GROUP", 2)
+    grouped = []  # per planned step (not a graph's capture): (runs as a cascade, is a mixed step)
     plan_step = plan.CascadeBuffers.plan
 
     def spy(self, meta, force):
-        grouped.append(plan_step(self, meta, force) and not meta.cascade)
-        return grouped[-1] or force
+        grouped.append((plan_step(self, meta, force) and not meta.cascade, meta.max_query_len > 1))
+        return grouped[-1][0] or force
 
     monkeypatch.setattr(plan.CascadeBuffers, "plan", spy)
     rng = np.random.default_rng(0)
@@ -178,11 +221,12 @@ def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch
     for disable in (False, True):
         llm = LLM(
             tiny_model_dir("qwen3"), device=DEVICE.type, dtype="float32", attention_backend="triton",
-            disable_cascade_attn=disable, kv_cache_memory=32 << 20, max_num_seqs=8,
+            disable_cascade_attn=disable, kv_cache_memory=32 << 20, max_num_seqs=4,
         )  # fmt: skip
         first = llm.generate(prompts[:1], params[0], use_tqdm=False)
         rest = llm.generate(prompts[1:], params[1:], use_tqdm=False)
         outputs[disable] = [o.outputs[0].token_ids for o in first + rest]
-        assert any(grouped) != disable
+        assert any(cascade for cascade, _ in grouped) != disable
+        assert any(cascade and mixed for cascade, mixed in grouped) != disable
         grouped.clear()
     assert outputs[False] == outputs[True]
