@@ -4,7 +4,10 @@ Qwen3-MoE), made once per test session. Nothing is downloaded."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -17,6 +20,12 @@ from heron.models.loader import embedded_model_path
 # two threads, 33 s with one). A test that needs another count sets it itself.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# A GGUF conversion cache of the session's own (heron/models/gguf_cache.py), for it and every process it starts:
+# the embedded model's metadata and tokenizer are read from its file once, not at every engine start, and nothing
+# is written to the user's cache.
+os.environ.setdefault("HERON_CACHE_DIR", tempfile.mkdtemp(prefix="heron-test-cache-"))
+atexit.register(shutil.rmtree, os.environ["HERON_CACHE_DIR"], ignore_errors=True)
 
 TINY = dict(
     hidden_size=64,

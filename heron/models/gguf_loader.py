@@ -11,19 +11,27 @@ described in `gguf_families.py`; two llama changes are undone here:
   llama.cpp too and are stored unpermuted.
 * Llama 3.x's RoPE scaling is not written as metadata but as a `rope_freqs.weight` tensor of per-frequency
   divisors; `_llama3_rope_scaling` recovers the equivalent `rope_scaling` dict.
+
+Reading the metadata and building the tokenizer take seconds (gguf_cache.py says why); the first load of a file
+keeps their results in gguf_cache, and later loads of the same file take them from there and read only the
+tensors' bytes from the file (where each tensor lies: `TensorRef`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from heron.config import ModelSource
 from heron.layers.rotary import rope_inv_freq
+from heron.models import gguf_cache
 from heron.models.gguf_families import FAMILIES, GGUFFamily
 
 _GLOBAL_TENSORS = {
@@ -66,12 +74,50 @@ _SAMPLING_KEYS = {
 }
 
 
+class TensorRef(NamedTuple):
+    """One tensor of a GGUF file as GGUFReader maps it: its name, ggml type, and its raw array's byte offset in
+    the file, numpy dtype and shape (blocks of bytes for a quantized type)."""
+
+    name: str
+    qtype: int
+    offset: int
+    dtype: str
+    shape: list[int]
+
+    def data(self, file: np.ndarray) -> np.ndarray:
+        """The raw array in `file`, the whole file as a read-only uint8 memmap."""
+        dtype = np.dtype(self.dtype)
+        size = math.prod(self.shape) * dtype.itemsize
+        return file[self.offset : self.offset + size].view(dtype).reshape(self.shape)
+
+
 def load_gguf(path: str) -> ModelSource:
     """Read a GGUF file of a supported architecture (`gguf_families.FAMILIES`). Raises ValueError for an
     unreadable file or an unsupported architecture."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"GGUF file {path} does not exist.")
+    cached = gguf_cache.load(path)
+    if cached is None:
+        contents, tokenizer = _convert(path)
+        contents = json.loads(json.dumps(contents))  # as a cached load sees it (lists, not tuples)
+        gguf_cache.store(path, contents, tokenizer)
+    else:
+        contents, tokenizer = cached
+    return ModelSource(
+        name=os.path.basename(path).removesuffix(".gguf"),
+        hf_config=contents["hf_config"],
+        weights=lambda: _weights(path, contents),
+        tokenizer=tokenizer,
+        generation_config=contents["generation_config"],
+    )
+
+
+def _convert(path: str) -> tuple[dict, object]:
+    """Parse the file: (contents, tokenizer), contents being what gguf_cache keeps (the architecture, the
+    config, the generation defaults and each tensor's `TensorRef`)."""
     import gguf
 
-    path = os.fspath(path)
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # truncated, not GGUF at all, corrupt header: numpy/struct errors of all kinds
@@ -98,38 +144,9 @@ def load_gguf(path: str) -> ModelSource:
 
     def read(name: str) -> np.ndarray:
         t = tensors[name]
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise ValueError(f"GGUF file {path}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
-        w = w.astype(np.float32, copy=False)
-        return w if w.flags.writeable else np.array(w)  # F32 tensors come back as views of the read-only mmap
+        return _dequantize(path, name, t.data, t.tensor_type)
 
     hf_config = _hf_config(path, arch, meta, tensors, read)
-    heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    # Rows of each q/k head to reorder: only llama's converter permutes them.
-    rope_heads = {"attn_q": heads, "attn_k": kv_heads} if family.permute_qk else {}
-
-    def weights() -> Iterator[tuple[str, torch.Tensor]]:
-        for t in reader.tensors:
-            hf = names[t.name]
-            if hf is None:
-                continue
-            w = torch.from_numpy(read(t.name))
-            piece = t.name.split(".")[2] if t.name.startswith("blk.") else None
-            if piece in rope_heads:
-                w = _unpermute_rope_rows(w, rope_heads[piece])
-            if family.norm_offset and t.name.endswith("norm.weight"):
-                w -= family.norm_offset
-            if piece in _EXPERT_TENSORS:
-                layer = t.name.split(".")[1]
-                for e, matrix in enumerate(w):
-                    yield f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_TENSORS[piece]}.weight", matrix
-            elif piece == "ffn_gate_inp_shexp" and w.dim() == 1:  # stored [H]; the module's weight is [1, H]
-                yield hf, w[None]
-            else:
-                yield hf, w
-
     generation_config = {
         k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf_config.get(k) is not None
     }
@@ -137,13 +154,54 @@ def load_gguf(path: str) -> ModelSource:
     for gguf_key, hf_key in _SAMPLING_KEYS.items():
         if (value := meta.get(gguf_key)) is not None:
             generation_config[hf_key] = value
-    return ModelSource(
-        name=os.path.basename(path).removesuffix(".gguf"),
-        hf_config=hf_config,
-        weights=weights,
-        tokenizer=_tokenizer(path, meta),
-        generation_config=generation_config,
-    )
+    refs = [
+        TensorRef(t.name, int(t.tensor_type), int(t.data_offset), t.data.dtype.str, list(t.data.shape))
+        for t in reader.tensors
+    ]
+    contents = {"arch": arch, "hf_config": hf_config, "generation_config": generation_config, "tensors": refs}
+    return contents, _tokenizer(path, meta)
+
+
+def _dequantize(path: str, name: str, data: np.ndarray, qtype) -> np.ndarray:
+    """A tensor's raw array as float32 (a writable copy where it would be a view of the read-only map)."""
+    import gguf
+
+    try:
+        w = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(qtype))
+    except Exception as e:
+        raise ValueError(
+            f"GGUF file {path}: cannot dequantize {name} ({gguf.GGMLQuantizationType(qtype).name}): {e}"
+        ) from e
+    w = w.astype(np.float32, copy=False)
+    return w if w.flags.writeable else np.array(w)  # F32 tensors come back as views of the read-only mmap
+
+
+def _weights(path: str, contents: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors, dequantized, under their Hugging Face names and in their layouts."""
+    family = FAMILIES[contents["arch"]]
+    hf_config = contents["hf_config"]
+    # Rows of each q/k head to reorder: only llama's converter permutes them.
+    rope_heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
+    rope_heads = rope_heads if family.permute_qk else {}
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    for ref in map(TensorRef._make, contents["tensors"]):
+        hf = _hf_name(ref.name, family)
+        if hf is None:
+            continue
+        w = torch.from_numpy(_dequantize(path, ref.name, ref.data(file), ref.qtype))
+        piece = ref.name.split(".")[2] if ref.name.startswith("blk.") else None
+        if piece in rope_heads:
+            w = _unpermute_rope_rows(w, rope_heads[piece])
+        if family.norm_offset and ref.name.endswith("norm.weight"):
+            w -= family.norm_offset
+        if piece in _EXPERT_TENSORS:
+            layer = ref.name.split(".")[1]
+            for e, matrix in enumerate(w):
+                yield f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_TENSORS[piece]}.weight", matrix
+        elif piece == "ffn_gate_inp_shexp" and w.dim() == 1:  # stored [H]; the module's weight is [1, H]
+            yield hf, w[None]
+        else:
+            yield hf, w
 
 
 class _Metadata:
