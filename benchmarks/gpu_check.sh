@@ -15,9 +15,11 @@ for s in $SECTIONS; do case $s in
   kernels) run kernels python3 -m heron.bench.kernels ;;
   correctness) run correctness python3 benchmarks/gpu_correctness.py /tmp/shapes ;;
   kernel-tests) run kernel-tests python3 -m pytest -q -p no:cacheprovider tests/kernels tests/attention tests/layers ;;
-  quick-tests)  # the GPU-only fused-op, GEMV and attention tests (all of kernel-tests takes ~5 min)
+  quick-tests)  # the GPU-only fused-op, GEMV and attention tests (all of kernel-tests takes ~5 min), the float8
+    # GEMV and quantization kernel, the LoRA kernel's split-K, the cascade's mixed steps
     run quick-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_fused_ops.py \
-        tests/kernels/test_triton_attention.py -k "prologue or graph or shapes or rope or counters" ;;
+        tests/kernels/test_triton_attention.py tests/kernels/gemm/test_fp8_quant.py tests/kernels/test_lora.py \
+        tests/kernels/test_cascade.py -k "prologue or graph or shapes or rope or counters or fp8 or quantize or split or mixed" ;;
   graph-tests)  # CUDA graphs of prefill and mixed steps: engine outputs against enforce_eager, padded attention
     run graph-tests python3 -m pytest -q -p no:cacheprovider tests/executor/test_model_runner.py \
         tests/executor/test_graph_keys.py tests/kernels/test_triton_attention.py tests/kernels/gemm/test_tune.py \
