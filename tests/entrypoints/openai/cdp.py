@@ -7,7 +7,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,7 +25,7 @@ def chromium_binary() -> str | None:
 class Browser:
     def __init__(self, binary: str, startup_timeout: float = 20.0) -> None:
         self.stack = contextlib.ExitStack()  # the DevTools connection, once open
-        self.profile = tempfile.TemporaryDirectory(prefix="heron-chromium-")
+        self.profile = tempfile.mkdtemp(prefix="heron-chromium-")
         self.proc = subprocess.Popen(
             [
                 binary,
@@ -33,14 +35,15 @@ class Browser:
                 "--disable-dev-shm-usage",
                 "--no-first-run",
                 "--remote-debugging-port=0",
-                f"--user-data-dir={self.profile.name}",
+                f"--user-data-dir={self.profile}",
                 "--window-size=1200,800",
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its helpers (renderer, GPU, crashpad) in one process group, ended together
         )
-        port_file = Path(self.profile.name) / "DevToolsActivePort"
+        port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + startup_timeout
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -90,10 +93,19 @@ class Browser:
         return path
 
     def close(self) -> None:
+        """End Chromium and every helper process of its group, then remove its profile (a helper may still
+        be writing there for a moment after the group is signalled)."""
         self.stack.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.profile.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(self.profile):
+            try:
+                shutil.rmtree(self.profile)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
