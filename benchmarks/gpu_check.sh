@@ -108,6 +108,9 @@ for s in $SECTIONS; do case $s in
     run offline-gpumon-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --gpu-monitor --save-result --result-name offline-gpumon-qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
+  profile-prefix) run profile-prefix python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b prefix ;;  # issue 26
+  profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
+    run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
         --result-name latency-qwen3-0.6b-bs1

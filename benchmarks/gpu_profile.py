@@ -3,10 +3,11 @@ phases add up to the step, without overlap), for a batch-1 decode and a batch-25
 LM head runs inside its CUDA graph: "forward+rest" holds it); then, without
 the syncs, the GPU kernels of a few batch-256 steps (torch.profiler) and the host-side gaps between them;
 the kernels of a prefill step (one 128-token prompt, the latency benchmark's TTFT; and a full 8192-token
-chunk); and the offline benchmark's workload step by step (wall time by kind of step and batch size).
+chunk); and the offline benchmark's workload step by step (wall time by kind of step and batch size). `many` and
+`prefix` do the same for issue 23's and issue 26's workloads.
 
-    python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many;
-    default all but many)
+    python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many
+    prefix; default all but many and prefix)
 """
 
 from __future__ import annotations
@@ -243,6 +244,28 @@ def many(llm: LLM, num_prompts: int = 20000) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
 
 
+def prefix(llm: LLM) -> None:
+    """Issue 26's workload (16 system prompts of 2,000 tokens x 32 requests, each + a 50-200 token question,
+    outputs 64-256): its timeline, with the kernels of a few decode steps at batch 256 and 128 (the cascade's
+    prefix kernel beside the decode kernel), and how many decode and mixed steps ran the cascade."""
+    from heron.bench.datasets import shared_prefix_requests
+
+    backend = llm.engine.runner.backend
+    prepare, steps = backend.prepare, collections.Counter()
+
+    def counting(meta) -> None:
+        prepare(meta)
+        kind = "mixed" if meta.max_query_len > 1 else "decode"
+        steps[kind, backend.runs_cascade(meta)] += 1
+
+    backend.prepare = counting
+    try:
+        timeline(llm, profile_at=(256, 128), requests=shared_prefix_requests())
+    finally:
+        backend.prepare = prepare
+    print("planned steps (kind, cascade): " + ", ".join(f"{k} {c}: {n}" for (k, c), n in sorted(steps.items())))
+
+
 def _mean_context(engine) -> float:
     running = engine.scheduler.running
     return sum(len(s.token_ids) for s in running) / max(1, len(running))
@@ -263,6 +286,8 @@ def main(shape_dir: str, parts: list[str]) -> None:
         timeline(llm)
     if "many" in parts:
         many(llm)
+    if "prefix" in parts:
+        prefix(llm)
 
 
 if __name__ == "__main__":
