@@ -293,7 +293,14 @@ def use_gemv(
         x.is_cuda
         and x.dtype in DTYPES
         and weight.dtype == (FP8 if scaled else x.dtype)
-        and (not scaled or (weight_scale.dtype == torch.float32 and weight_scale.shape == (weight.shape[0], 1)))
+        and (
+            not scaled
+            or (
+                weight_scale.dtype == torch.float32
+                and weight_scale.shape == (weight.shape[0], 1)
+                and weight_scale.is_contiguous()
+            )
+        )
         and weight.dim() == 2
         and weight.shape[1] == k > 0
         and weight.shape[0] > 0
