@@ -203,10 +203,11 @@ class TritonAttentionBackend(AttentionBackend):
                 qsl = None if meta.num_tokens == b else meta.query_start_loc
                 self._run_decode(q, kv_cache, meta, out, qsl, params)
         else:
-            if mode == "mixed" and self._cascade_step and not params.sliding_window:
-                self._run_cascade(q, kv_cache, meta, out, meta.query_start_loc, params)
-            elif mode == "mixed":
-                self._run_decode(q, kv_cache, meta, out, meta.query_start_loc, params)
+            if mode == "mixed":  # the decode rows first, as a decode step runs them
+                if self._cascade_step and not params.sliding_window:
+                    self._run_cascade(q, kv_cache, meta, out, meta.query_start_loc, params)
+                else:
+                    self._run_decode(q, kv_cache, meta, out, meta.query_start_loc, params)
             self._prefill.paged_prefill_attention(
                 q,
                 kv_cache,
