@@ -46,7 +46,8 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name latency-qwen3-30b-a3b-bs1 --max-model-len 4096 ;;
   moe-tests)  # the fused MoE kernels on the GPU (real shapes, graph replay) and their timings per token count,
     # then the engine against transformers on Qwen3-30B-A3B's shapes cut to 4 layers (fp32 greedy, bf16 logits)
-    run moe-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py
+    run moe-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_moe.py \
+        tests/kernels/test_moe_gemv.py tests/kernels/test_moe_routing.py
     run moe-bench python3 -m heron.bench.kernels --moe
     run moe-correctness python3 benchmarks/gpu_correctness.py /tmp/shapes qwen3-30b-a3b ;;
   sliding)  # issue 22: Mistral's out-of-window KV blocks released (block_manager.py) under the Triton kernels:

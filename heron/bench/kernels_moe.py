@@ -1,8 +1,10 @@
 """The fused MoE kernels (GPU) on Qwen3-30B-A3B's experts (128 SwiGLU experts of 2048 -> 768 -> 2048, 8 a token):
 `python -m heron.bench.kernels --moe [--sweep] [--rows 1,4,16,...]`. Per token count, the routed experts of one
-layer (heron.kernels.fused_moe: routing, alignment, both grouped GEMMs, the combine) by CUDA-graph replay over
-several layers' weights (so the experts a call touches come from HBM, as in a step), with TB/s over the bytes of
-those experts and TFLOP/s; --sweep times `_moe_candidates` and prints the winners as fused_moe.CONFIGS lines."""
+layer from the router's logits (heron.kernels.fused_moe's `fused_moe`: the decode GEMVs at a few tokens, else
+routing, alignment, both grouped GEMMs and the combine) by CUDA-graph replay over several layers' weights (so
+the experts a call touches come from HBM, as in a step), with TB/s over the bytes of those experts and TFLOP/s;
+where the GEMVs serve, the grouped GEMMs are timed beside them. --sweep times `_moe_candidates` (the grouped
+GEMM) and prints the winners as fused_moe.CONFIGS lines."""
 
 from __future__ import annotations
 
@@ -33,8 +35,37 @@ def _moe_candidates(tokens: int) -> list:
     ]
 
 
+def _sweep_gemvs(run, timed) -> None:
+    """The decode GEMVs' configs: the first kernel's candidates with the second's default, then the second's
+    with the first's best; prints the best three of each."""
+    from heron.kernels.moe_gemv import GemvMoeConfig, default_config
+
+    candidates = [
+        GemvMoeConfig(bn, bk, num_warps=w, num_stages=st)
+        for bn, bk, w, st in itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4, 8), (2, 3, 4))
+        if bn * bk <= 16384
+    ]
+    best = [default_config(INTER, HIDDEN, 2), default_config(HIDDEN, INTER, 2)]
+    for which in (0, 1):
+        results = []
+        for cfg in candidates:
+            cfgs = tuple(cfg if i == which else best[i] for i in (0, 1))
+            try:
+                results.append((timed(lambda w13, w2, cfgs=cfgs: run(cfgs, w13, w2), cfgs), cfg))
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - a config that does not compile or launch is skipped
+                pass
+        results.sort(key=lambda r: r[0])
+        best[which] = results[0][1]
+        for t, cfg in results[:3]:
+            print(f"    {'up' if which == 0 else 'down'} kernel: {t * 1e6:7.1f} us (both kernels) with {cfg}")
+
+
 def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
-    from heron.kernels.fused_moe import fused_experts, pick_config, topk_softmax
+    from heron.kernels.fused_moe import fused_experts, fused_moe, per_entry, pick_config
+    from heron.kernels.moe_gemv import moe_gemv
+    from heron.kernels.moe_routing import topk_softmax
     from heron.kernels.reference import fused_experts_ref
 
     dev, start, best = torch.device("cuda"), time.perf_counter(), {}
@@ -58,16 +89,35 @@ def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
         ref = fused_experts_ref(x, *layers[0], weights, ids).float()
 
         def timed(cfg=None) -> float:
-            err = (fused_experts(x, *layers[0], weights, ids, config=cfg).float() - ref).norm() / ref.norm()
-            assert err < 1e-2, f"fused_experts disagrees with the reference: relative error {err:.3g} ({cfg})"
-            it = itertools.cycle(layers)
-            return time_graph(lambda: fused_experts(x, *next(it), weights, ids, config=cfg), iters=4 * LAYERS)
+            """The grouped GEMMs with `cfg`, routing included."""
 
-        t = timed()
-        print(
-            f"  T={m:<5d} {t * 1e6:9.1f} us {nbytes / t / 1e12:5.2f} TB/s over {touched} experts "
-            f"{flops / t / 1e12:6.1f} TFLOP/s  {pick_config(m, EXPERTS, INTER, HIDDEN, TOP_K, x.dtype)}"
-        )
+            def run(w13, w2):
+                return fused_experts(x, w13, w2, *topk_softmax(logits, TOP_K, True), config=cfg)
+
+            return _timed(run, cfg)
+
+        def _timed(run, what) -> float:
+            err = (run(*layers[0]).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"the MoE kernels disagree with the reference: relative error {err:.3g} ({what})"
+            it = itertools.cycle(layers)
+            return time_graph(lambda: run(*next(it)), iters=4 * LAYERS)
+
+        def show(label: str, t: float) -> None:
+            print(
+                f"  T={m:<5d} {t * 1e6:9.1f} us {nbytes / t / 1e12:5.2f} TB/s over {touched} experts "
+                f"{flops / t / 1e12:6.1f} TFLOP/s  {label}"
+            )
+
+        t_door = _timed(lambda w13, w2: fused_moe(x, logits, w13, w2, TOP_K, True), "fused_moe")
+        if per_entry(m, EXPERTS, TOP_K):
+            show("fused_moe (the decode GEMVs)", t_door)
+            t = timed()
+            show(f"grouped GEMMs {pick_config(m, EXPERTS, INTER, HIDDEN, TOP_K, x.dtype)}", t)
+            if sweep:
+                _sweep_gemvs(lambda cfgs, w13, w2: moe_gemv(x, logits, w13, w2, TOP_K, True, configs=cfgs), _timed)
+        else:
+            t = t_door
+            show(f"fused_moe {pick_config(m, EXPERTS, INTER, HIDDEN, TOP_K, x.dtype)}", t)
         if sweep:
             results, failed = [], 0
             for cfg in _moe_candidates(m):

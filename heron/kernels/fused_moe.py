@@ -1,16 +1,17 @@
 """The routed experts of a sparse mixture-of-experts MLP on the GPU, in the style of vLLM's fused_moe.
 
 A token's router picks k of E SwiGLU experts; out = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x)) over its k
-picks e = ids[j]. Computed over a flat batch of T tokens as its T * k (token, expert) entries, in four launches
-(three for a few tokens), each a grid fixed by the shapes with nothing read back to the host, so a CUDA graph
-replays a decode step:
+picks e = ids[j]. `fused_moe` is the door: a batch of a few tokens (`per_entry`: batch 1 at decode) goes to
+the two GEMV launches of heron/kernels/moe_gemv.py, which route inside their programs; a larger one is
+computed as its T * k (token, expert) entries in four launches, each a grid fixed by the shapes with nothing
+read back to the host, so a CUDA graph replays a decode step:
 
-1. `topk_softmax`: router logits [T, E] -> each token's k experts (int32) and weights (float32): softmax over
-   all E in float32, the k largest (ties to the lower index), rescaled to sum to one if `renormalize`.
+1. `topk_softmax` (heron/kernels/moe_routing.py): router logits [T, E] -> each token's k experts (int32) and
+   weights (float32).
 2. `moe_align_block_size`: the entries grouped by expert, each expert's run padded to a multiple of BLOCK_M,
    by one program: `sorted_ids` (an entry's index t * k + j, or T * k in a padding slot), `expert_ids` (the
-   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read. A batch of
-   a few tokens (`per_entry`: batch 1 at decode) skips it: each entry is a block of its own.
+   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read. Called
+   directly with a few tokens (`per_entry`), `fused_experts` skips it: each entry is a block of its own.
 3. The grouped GEMM, one launch per projection over all experts (`_fused_moe_kernel`): program (m, n) takes
    block m of the sorted entries, all of one expert, and output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of
    it, streaming that expert's weight tile; its rows are the entries' tokens gathered from A. The grid is sized
@@ -39,6 +40,8 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import dot_upcast
+from heron.kernels.moe_gemv import moe_gemv
+from heron.kernels.moe_routing import topk_softmax
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 
@@ -84,63 +87,6 @@ def pick_config(
     key = (triton.next_power_of_2(tokens), num_experts, inter, hidden, top_k)
     tuned = CONFIGS.get(key) if dtype.itemsize == 2 else None
     return tuned or default_config(tokens, num_experts, top_k)
-
-
-# -- 1. routing ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _topk_softmax_kernel(
-    logits_ptr,
-    weights_ptr,
-    ids_ptr,
-    num_experts,
-    stride_l,
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, E_PAD)
-    x = tl.load(logits_ptr + t * stride_l + e, mask=e < num_experts, other=-float("inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = tl.where(e < num_experts, p / tl.sum(p, axis=0), -1.0)  # padding is never picked
-    j = tl.arange(0, K_PAD)
-    top_w = tl.zeros([K_PAD], tl.float32)
-    top_i = tl.zeros([K_PAD], tl.int32)
-    for i in tl.static_range(TOP_K):
-        best = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == best, e, E_PAD), axis=0)  # the lowest index among equals
-        top_w = tl.where(j == i, best, top_w)
-        top_i = tl.where(j == i, idx, top_i)
-        p = tl.where(e == idx, -1.0, p)
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(top_w, axis=0)
-    tl.store(weights_ptr + t * TOP_K + j, top_w, mask=j < TOP_K)
-    tl.store(ids_ptr + t * TOP_K + j, top_i, mask=j < TOP_K)
-
-
-def topk_softmax(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (weights float32 [T, k], expert ids int32 [T, k]), largest weight first."""
-    tokens, num_experts = logits.shape
-    assert 1 <= top_k <= num_experts and logits.stride(-1) == 1
-    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
-    if tokens:
-        _topk_softmax_kernel[(tokens,)](
-            logits,
-            weights,
-            ids,
-            num_experts,
-            logits.stride(0),
-            TOP_K=top_k,
-            K_PAD=triton.next_power_of_2(top_k),
-            E_PAD=triton.next_power_of_2(num_experts),
-            RENORMALIZE=renormalize,
-            num_warps=1 if num_experts <= 256 else 4,
-        )
-    return weights, ids
 
 
 # -- 2. sorting the entries by expert -----------------------------------------------------------------------
@@ -431,8 +377,20 @@ def fused_experts(
     return moe_sum(y, top_k)
 
 
+def fused_moe(
+    x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int, renormalize: bool
+) -> torch.Tensor:
+    """x [T, H], router_logits [T, E]; w13 [E, 2I, H], w2 [E, H, I] -> the sum of each token's top-k experts
+    weighted by its routing (softmax, renormalised over the k if `renormalize`), [T, H] in x's dtype."""
+    if per_entry(x.shape[0], w13.shape[0], top_k):
+        return moe_gemv(x, router_logits, w13, w2, top_k, renormalize)
+    weights, ids = topk_softmax(router_logits, top_k, renormalize)
+    return fused_experts(x, w13, w2, weights, ids)
+
+
 def per_entry(tokens: int, num_experts: int, top_k: int) -> bool:
-    """Whether the GEMMs take a block per (token, expert) entry instead of sorting the entries: for a batch so
-    small that its tokens rarely share an expert (T * k <= E / 4; one token's k experts are distinct), where
-    the alignment launch costs more than the few experts read twice."""
+    """Whether a batch is so small that its tokens rarely share an expert (T * k <= E / 4; one token's k
+    experts are distinct): then each (token, expert) entry is computed on its own (an expert shared by two
+    entries is read twice), by `moe_gemv` or by a block of its own in the grouped GEMM, where sorting the
+    entries would cost a launch more than it saves."""
     return 4 * tokens * top_k <= num_experts

@@ -235,7 +235,7 @@ def paged_prefill_ref(
 
 def topk_softmax_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights float32 [T, k], expert ids int32 [T, k]): softmax in float32, the k
-    largest first, rescaled to sum to one if `renormalize` (heron/kernels/fused_moe.py's `topk_softmax`)."""
+    largest first, rescaled to sum to one if `renormalize` (heron/kernels/moe_routing.py's `topk_softmax`)."""
     weights, ids = logits.float().softmax(-1).topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -263,6 +263,13 @@ def fused_experts_ref(
             y[entries] = (down * topk_weights.reshape(-1)[entries, None].float()).to(x.dtype)
         start += n
     return y.view(tokens, top_k, -1).float().sum(1).to(x.dtype)
+
+
+def fused_moe_ref(
+    x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int, renormalize: bool
+) -> torch.Tensor:
+    """The routed experts from the router's logits (heron/kernels/fused_moe.py's `fused_moe`)."""
+    return fused_experts_ref(x, w13, w2, *topk_softmax_ref(router_logits, top_k, renormalize))
 
 
 def _capped(scores: torch.Tensor, soft_cap: float | None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from heron.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
-from heron.kernels.reference import fused_experts_ref, topk_softmax_ref
+from heron.kernels.reference import fused_moe_ref
 from heron.layers.device_ops import DeviceOps
 from heron.layers.linear import check_shape, divide
 
@@ -37,16 +37,15 @@ class FusedMoE(DeviceOps):
 
     def bind_ops(self) -> None:
         if self.w13_weight.is_cuda:
-            from heron.kernels.fused_moe import fused_experts, topk_softmax
+            from heron.kernels.fused_moe import fused_moe
 
-            self._topk, self._experts = topk_softmax, fused_experts
+            self._moe = fused_moe
         else:
-            self._topk, self._experts = topk_softmax_ref, fused_experts_ref
+            self._moe = fused_moe_ref
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x [T, H], router_logits [T, E] -> the weighted sum of each token's top-k experts [T, H]."""
-        weights, ids = self._topk(router_logits, self.top_k, self.renormalize)
-        out = self._experts(x, self.w13_weight, self.w2_weight, weights, ids)
+        out = self._moe(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize)
         return out if self.tp_size == 1 else tensor_model_parallel_all_reduce(out)
 
     def shard_ids(self, param: torch.Tensor) -> list[tuple[int, int]]:

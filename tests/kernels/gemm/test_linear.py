@@ -65,6 +65,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "mm_float32": ((blas,), lambda x, w, out=None, plans=None: (x @ w.T).float()),
     "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
     "fused_experts": ((fused_moe,), reference.fused_experts_ref),
+    "moe_gemv": ((fused_moe,), reference.fused_moe_ref),
     "int4_linear": ((int4,), reference.int4_linear_ref),
     "fp8_linear": ((door,), reference.fp8_linear_ref),
 }
@@ -166,8 +167,8 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
 
 
 def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(launches):
-    """Qwen3-MoE: layer 0 sparse (the router through the matmul door, then routing and the grouped GEMMs),
-    layer 1 dense (mlp_only_layers)."""
+    """Qwen3-MoE: layer 0 sparse (the router through the matmul door, then the decode GEMVs that route inside
+    them at one token, routing and the grouped GEMMs at four), layer 1 dense (mlp_only_layers)."""
     model, cfg = _on_fake_cuda(
         "Qwen3MoeForCausalLM",
         num_experts=8,
@@ -177,13 +178,14 @@ def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(lau
         norm_topk_prob=True,
     )
     attention = ["gemv_rms_norm", "apply_rope_and_cache", "gemv"]
-    sparse = [*attention, "fused_add_rms_norm", "gemv", "topk_softmax", "fused_experts"]
     dense = [*attention, "gemv_rms_norm", "gemv_silu_mul"]
     with torch.inference_mode():
-        launches.clear()
-        logits = _step(model, cfg, 4, decode=True)
-    assert launches == sparse + dense + ["fused_add_rms_norm", "gemv"]
-    assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
+        for rows, experts in ((1, ["moe_gemv"]), (4, ["topk_softmax", "fused_experts"])):
+            launches.clear()
+            logits = _step(model, cfg, rows, decode=True)
+            sparse = [*attention, "fused_add_rms_norm", "gemv", *experts]
+            assert launches == sparse + dense + ["fused_add_rms_norm", "gemv"], rows
+            assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
 
 
 def test_geglu_never_takes_the_swiglu_prologue(launches):

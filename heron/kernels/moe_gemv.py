@@ -1,0 +1,192 @@
+"""The routed experts of a decode step of a few tokens, as two GEMV launches with the routing inside them.
+
+At batch 1 a MoE layer's expert work is k GEMV pairs over k different experts' weights (Qwen3-30B-A3B: 8 of
+128, 75 MB a layer), and the grouped GEMM of heron/kernels/fused_moe.py spends there most of its time on what
+is not streaming weights: four launches (top-k, two GEMMs, the combine) and a tensor-core tile of 16 rows for
+one. Here, for a batch whose tokens rarely share an expert (`fused_moe.per_entry`):
+
+1. `_up_kernel`, program (n, entry): routes the entry's token itself (softmax over its E router logits and
+   heron/kernels/moe_routing.py's `route`: a few reductions over E values, repeated by every program instead of a
+   launch of their own), then streams rows [n * BLOCK_N, (n + 1) * BLOCK_N) of its expert's gate and up
+   matrices on the CUDA cores (FMA, float32 sums) and stores silu(gate) * up [T * k, I].
+2. `_down_kernel`, program (n, token): routes the token again, and for each of its k entries streams the
+   [BLOCK_N, I] tile of that expert's down matrix, so the k rows are weighted and summed in the program: no
+   [T * k, H] intermediate and no combine launch.
+
+Both grids depend on the shapes only (CUDA-graph replay under any routing). Rounding follows the PyTorch
+reference (`heron.kernels.reference.fused_experts_ref`): gate and up rounded to the activation dtype, silu
+rounded, times up rounded; each down sum times its float32 weight rounded once; the k rows summed in float32
+and rounded once.
+
+Configs: `GemvMoeConfig` by a rule from the shapes (`default_config`) or per call; `python -m
+heron.bench.kernels --moe` times them against the grouped GEMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from heron.kernels.moe_routing import route, route_constants
+from heron.kernels.rmsnorm import fix_bf16, round_to
+
+
+@dataclass(frozen=True)
+class GemvMoeConfig:
+    block_n: int  # output rows per program (of each of gate and up in the first kernel)
+    block_k: int  # columns per tile
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_config(rows: int, cols: int, elem_size: int) -> GemvMoeConfig:
+    """1 KiB of each row per tile (the dense FMA GEMV's rule); 8 rows a program where a weight has few rows,
+    so that a batch-1 step still gives each SM a few programs."""
+    return GemvMoeConfig(8 if rows <= 2048 else 16, min(1024 // elem_size, triton.next_power_of_2(cols)))
+
+
+@triton.jit
+def _pick(values, j, K_PAD: tl.constexpr):
+    """values[j] of a [K_PAD] vector, j a scalar."""
+    return tl.sum(tl.where(tl.arange(0, K_PAD) == j, values, 0), axis=0)
+
+
+@triton.jit
+def _row_sums(
+    w_ptrs, x_ptr, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr
+):
+    """sum_k W[n, k] * x[k] in float32 over K for the BLOCK_N rows at w_ptrs (each pointing at its row's
+    column 0)."""
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        if EVEN_K:
+            w = tl.load(w_ptrs + k0)
+            x = tl.load(x_ptr + k0 + kk)
+        else:
+            ok = k0 + kk < K
+            w = tl.load(w_ptrs + k0, mask=ok[None, :], other=0.0)
+            x = tl.load(x_ptr + k0 + kk, mask=ok, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def _up_kernel(
+    x_ptr,
+    logits_ptr,
+    w13_ptr,
+    act_ptr,
+    num_experts,
+    inter,
+    hidden,
+    stride_x,
+    stride_l,
+    stride_e,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+):
+    entry = tl.program_id(1)
+    t = entry // TOP_K
+    _, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    expert = _pick(ids, entry % TOP_K, K_PAD).to(tl.int64)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(n, inter - 1).to(tl.int64)  # clamped: unmasked loads, never stored
+    gate_ptrs = w13_ptr + expert * stride_e + rows[:, None] * hidden + tl.arange(0, BLOCK_K)[None, :]
+    x_row = x_ptr + t.to(tl.int64) * stride_x
+    gate = _row_sums(gate_ptrs, x_row, hidden, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
+    up = _row_sums(gate_ptrs + inter * hidden, x_row, hidden, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
+    dtype = act_ptr.dtype.element_ty  # as silu_and_mul_ref over the rounded projections
+    gate = round_to(gate, dtype, FIX_BF16).to(tl.float32)
+    up = round_to(up, dtype, FIX_BF16).to(tl.float32)
+    act = round_to(gate / (1.0 + tl.exp(-gate)), dtype, FIX_BF16).to(tl.float32)
+    tl.store(act_ptr + entry.to(tl.int64) * inter + n, round_to(act * up, dtype, FIX_BF16), mask=n < inter)
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr,
+    logits_ptr,
+    w2_ptr,
+    out_ptr,
+    num_experts,
+    inter,
+    hidden,
+    stride_l,
+    stride_e,
+    stride_o,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+):
+    t = tl.program_id(1)
+    weights, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(n, hidden - 1).to(tl.int64)
+    dtype = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = _pick(ids, j, K_PAD).to(tl.int64)
+        w_ptrs = w2_ptr + expert * stride_e + rows[:, None] * inter + tl.arange(0, BLOCK_K)[None, :]
+        act_row = act_ptr + (t * TOP_K + j).to(tl.int64) * inter
+        down = _row_sums(w_ptrs, act_row, inter, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
+        total += round_to(down * _pick(weights, j, K_PAD), dtype, FIX_BF16).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_o + n, round_to(total, dtype, FIX_BF16), mask=n < hidden)
+
+
+def moe_gemv(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    *,
+    configs: tuple[GemvMoeConfig, GemvMoeConfig] | None = None,
+) -> torch.Tensor:
+    """x [T, H], router_logits [T, E]; w13 [E, 2I, H] (each expert's [gate | up] rows), w2 [E, H, I] -> the sum
+    of each token's top-k experts weighted by its routing (`topk_softmax`'s), [T, H] in x's dtype. `configs`
+    (first kernel, second) override `default_config`."""
+    tokens, hidden = x.shape
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    assert router_logits.shape == (tokens, num_experts) and router_logits.stride(-1) == 1
+    assert w13.shape[2] == hidden and w2.shape == (num_experts, hidden, inter) and 1 <= top_k <= num_experts
+    assert w13.dtype == w2.dtype == x.dtype and w13.is_contiguous() and w2.is_contiguous() and x.stride(-1) == 1
+    up_cfg, down_cfg = configs or (
+        default_config(inter, hidden, x.element_size()),
+        default_config(hidden, inter, x.element_size()),
+    )
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if not tokens:
+        return out
+    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    routing = dict(route_constants(top_k, num_experts, renormalize), FIX_BF16=fix_bf16())
+    _up_kernel[(triton.cdiv(inter, up_cfg.block_n), tokens * top_k)](
+        x, router_logits, w13, act, num_experts, inter, hidden, x.stride(0), router_logits.stride(0),
+        w13.stride(0), BLOCK_N=up_cfg.block_n, BLOCK_K=up_cfg.block_k, STAGES=up_cfg.num_stages,
+        EVEN_K=hidden % up_cfg.block_k == 0, num_warps=up_cfg.num_warps, num_stages=up_cfg.num_stages, **routing,
+    )  # fmt: skip
+    _down_kernel[(triton.cdiv(hidden, down_cfg.block_n), tokens)](
+        act, router_logits, w2, out, num_experts, inter, hidden, router_logits.stride(0), w2.stride(0),
+        out.stride(0), BLOCK_N=down_cfg.block_n, BLOCK_K=down_cfg.block_k, STAGES=down_cfg.num_stages,
+        EVEN_K=inter % down_cfg.block_k == 0, num_warps=down_cfg.num_warps, num_stages=down_cfg.num_stages,
+        **routing,
+    )  # fmt: skip
+    return out
