@@ -9,8 +9,8 @@ one. Here, for a batch whose tokens rarely share an expert (`fused_moe.per_entry
    heron/kernels/moe_routing.py's `route`: a few reductions over E values, repeated by every program instead of a
    launch of their own), then streams rows [n * BLOCK_N, (n + 1) * BLOCK_N) of its expert's gate and up
    matrices on the CUDA cores (FMA, float32 sums) and stores silu(gate) * up [T * k, I].
-2. `_down_kernel`, program (n, token): routes the token again, and for each of its k entries streams the
-   [BLOCK_N, I] tile of that expert's down matrix, so the k rows are weighted and summed in the program: no
+2. `_down_kernel`, program (n, token): routes the token again and streams the [BLOCK_N, I] tiles of its k
+   experts' down matrices in one pipelined loop, so the k rows are weighted and summed in the program: no
    [T * k, H] intermediate and no combine launch.
 
 Both grids depend on the shapes only (CUDA-graph replay under any routing). Rounding follows the PyTorch
@@ -43,9 +43,13 @@ class GemvMoeConfig:
 
 
 def default_config(rows: int, cols: int, elem_size: int) -> GemvMoeConfig:
-    """1 KiB of each row per tile (the dense FMA GEMV's rule); 8 rows a program where a weight has few rows,
-    so that a batch-1 step still gives each SM a few programs."""
-    return GemvMoeConfig(8 if rows <= 2048 else 16, min(1024 // elem_size, triton.next_power_of_2(cols)))
+    """1 KiB of each row per tile (the dense FMA GEMV's rule), or the largest power of two that divides the
+    row's bytes from 256 up (a tile past the row's end loads nothing but costs an iteration); 8 rows a program
+    where a weight has few rows, so that a batch-1 step still gives each SM a few programs."""
+    block_k = 1024 // elem_size
+    while block_k > 256 // elem_size and cols % block_k:
+        block_k //= 2
+    return GemvMoeConfig(8 if rows <= 2048 else 16, min(block_k, triton.next_power_of_2(cols)), num_stages=4)
 
 
 @triton.jit
@@ -55,23 +59,13 @@ def _pick(values, j, K_PAD: tl.constexpr):
 
 
 @triton.jit
-def _row_sums(
-    w_ptrs, x_ptr, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr
-):
-    """sum_k W[n, k] * x[k] in float32 over K for the BLOCK_N rows at w_ptrs (each pointing at its row's
-    column 0)."""
-    kk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k0)
-            x = tl.load(x_ptr + k0 + kk)
-        else:
-            ok = k0 + kk < K
-            w = tl.load(w_ptrs + k0, mask=ok[None, :], other=0.0)
-            x = tl.load(x_ptr + k0 + kk, mask=ok, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    return acc
+def _tile(ptrs, c, cols, EVEN: tl.constexpr):
+    """A tile at `ptrs` whose last dim is columns c of `cols` (all of them in range when EVEN)."""
+    if EVEN:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=c < cols, other=0.0)
+    return v.to(tl.float32)
 
 
 @triton.jit
@@ -102,10 +96,16 @@ def _up_kernel(
     expert = _pick(ids, entry % TOP_K, K_PAD).to(tl.int64)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(n, inter - 1).to(tl.int64)  # clamped: unmasked loads, never stored
-    gate_ptrs = w13_ptr + expert * stride_e + rows[:, None] * hidden + tl.arange(0, BLOCK_K)[None, :]
-    x_row = x_ptr + t.to(tl.int64) * stride_x
-    gate = _row_sums(gate_ptrs, x_row, hidden, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
-    up = _row_sums(gate_ptrs + inter * hidden, x_row, hidden, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
+    kk = tl.arange(0, BLOCK_K)
+    gate_ptrs = w13_ptr + expert * stride_e + rows[:, None] * hidden + kk[None, :]
+    up_ptrs = gate_ptrs + inter * hidden
+    x_ptrs = x_ptr + t.to(tl.int64) * stride_x + kk
+    gate = tl.zeros([BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in tl.range(0, hidden, BLOCK_K, num_stages=STAGES):  # gate and up tiles side by side
+        x = _tile(x_ptrs + k0, k0 + kk, hidden, EVEN_K)[None, :]
+        gate += tl.sum(_tile(gate_ptrs + k0, k0 + kk[None, :], hidden, EVEN_K) * x, axis=1)
+        up += tl.sum(_tile(up_ptrs + k0, k0 + kk[None, :], hidden, EVEN_K) * x, axis=1)
     dtype = act_ptr.dtype.element_ty  # as silu_and_mul_ref over the rounded projections
     gate = round_to(gate, dtype, FIX_BF16).to(tl.float32)
     up = round_to(up, dtype, FIX_BF16).to(tl.float32)
@@ -135,18 +135,29 @@ def _down_kernel(
     EVEN_K: tl.constexpr,
     FIX_BF16: tl.constexpr,
 ):
+    """One loop over the token's k entries' tiles (entry j's I columns in tiles_per_entry tiles), so the
+    loads of the next entry's weights are in flight while this one's are summed."""
     t = tl.program_id(1)
     weights, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(n, hidden - 1).to(tl.int64)
+    kk = tl.arange(0, BLOCK_K)
     dtype = out_ptr.dtype.element_ty
+    tiles_per_entry = tl.cdiv(inter, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     total = tl.zeros([BLOCK_N], tl.float32)
-    for j in tl.static_range(TOP_K):
+    for i in tl.range(0, TOP_K * tiles_per_entry, num_stages=STAGES):
+        j = i // tiles_per_entry
+        c0 = (i - j * tiles_per_entry) * BLOCK_K
         expert = _pick(ids, j, K_PAD).to(tl.int64)
-        w_ptrs = w2_ptr + expert * stride_e + rows[:, None] * inter + tl.arange(0, BLOCK_K)[None, :]
-        act_row = act_ptr + (t * TOP_K + j).to(tl.int64) * inter
-        down = _row_sums(w_ptrs, act_row, inter, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
-        total += round_to(down * _pick(weights, j, K_PAD), dtype, FIX_BF16).to(tl.float32)
+        w = _tile(
+            w2_ptr + expert * stride_e + rows[:, None] * inter + c0 + kk[None, :], c0 + kk[None, :], inter, EVEN_K
+        )
+        a = _tile(act_ptr + (t * TOP_K + j).to(tl.int64) * inter + c0 + kk, c0 + kk, inter, EVEN_K)
+        acc += tl.sum(w * a[None, :], axis=1)
+        last = c0 + BLOCK_K >= inter  # entry j's last tile: its sum times its weight, rounded once (as the reference)
+        total += tl.where(last, round_to(acc * _pick(weights, j, K_PAD), dtype, FIX_BF16).to(tl.float32), 0.0)
+        acc = tl.where(last, 0.0, acc)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + n, round_to(total, dtype, FIX_BF16), mask=n < hidden)
 
 

@@ -65,10 +65,10 @@ def test_no_tokens_give_an_empty_output():
     assert moe_gemv(x, torch.zeros(0, 4, device=DEVICE), w13, w2, 2, True).shape == (0, 32)
 
 
-def test_default_configs_read_a_kib_of_each_row_and_keep_small_weights_in_many_programs():
-    assert default_config(768, 2048, 2) == GemvMoeConfig(8, 512)  # Qwen3-30B-A3B's gate/up: 96 x 8 programs
-    assert default_config(2048, 768, 2) == GemvMoeConfig(8, 512)  # its down: 256 programs a token
-    assert default_config(4096, 14336, 2) == GemvMoeConfig(16, 512)
+def test_default_configs_tile_rows_whole_and_keep_small_weights_in_many_programs():
+    assert default_config(768, 2048, 2) == GemvMoeConfig(8, 512, num_stages=4)  # Qwen3-30B-A3B's gate/up
+    assert default_config(2048, 768, 2) == GemvMoeConfig(8, 256, num_stages=4)  # its down: 768 = 3 x 256
+    assert default_config(4096, 14336, 2).block_n == 16
     assert default_config(64, 40, 4).block_k == 64  # no wider than the row (a power of two)
 
 
