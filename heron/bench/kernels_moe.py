@@ -42,8 +42,7 @@ def _sweep_gemvs(run, timed) -> None:
 
     candidates = [
         GemvMoeConfig(bn, bk, num_warps=w, num_stages=st)
-        for bn, bk, w, st in itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4, 8), (2, 3, 4))
-        if bn * bk <= 16384
+        for bn, bk, w, st in itertools.product((4, 8, 16), (256, 512), (2, 4, 8), (3, 4))
     ]
     best = [default_config(INTER, HIDDEN, 2), default_config(HIDDEN, INTER, 2)]
     for which in (0, 1):
