@@ -43,13 +43,17 @@ class GemvMoeConfig:
 
 
 def default_config(rows: int, cols: int, elem_size: int) -> GemvMoeConfig:
-    """1 KiB of each row per tile (the dense FMA GEMV's rule), or the largest power of two that divides the
-    row's bytes from 256 up (a tile past the row's end loads nothing but costs an iteration); 8 rows a program
-    where a weight has few rows, so that a batch-1 step still gives each SM a few programs."""
-    block_k = 1024 // elem_size
-    while block_k > 256 // elem_size and cols % block_k:
+    """Tiles of 512 bytes of each row (or the largest power of two that divides the row's bytes, from 128 up:
+    a tile past the row's end loads nothing but costs an iteration), 2 warps, 8 rows a program for a weight of
+    up to 1024 rows and 4 past it: many small programs, each SM holding several. The H200 sweep on
+    Qwen3-30B-A3B's experts at batch 1 (`heron.bench.kernels --moe --sweep`, 2026-12-05): gate/up (768 rows)
+    best at 8 x 256, down (2048 rows) at 4 x 256, both 2 warps; 28.8 us for both kernels against 35.0 with
+    1 KiB tiles of 8 rows and 4 warps, and 30.3 for the grouped GEMMs with routing."""
+    block_k = 512 // elem_size
+    while block_k > 128 // elem_size and cols % block_k:
         block_k //= 2
-    return GemvMoeConfig(8 if rows <= 2048 else 16, min(block_k, triton.next_power_of_2(cols)), num_stages=4)
+    block_k = min(block_k, triton.next_power_of_2(cols))
+    return GemvMoeConfig(8 if rows <= 1024 else 4, block_k, num_warps=2, num_stages=4)
 
 
 @triton.jit

@@ -74,13 +74,27 @@ class NormLinear(_OffsetWeight, DeviceOps):
         elif self.weight.is_cuda:
             from heron.kernels.gemm.linear import rms_norm_linear
 
-            proj = self.proj
-            self._norm_linear = partial(rms_norm_linear, plans=proj.matmul_plans, weight_scale=proj.weight_scale)
+            self._norm_linear = partial(_door_norm_linear, rms_norm_linear, self.proj)
         else:
             self._norm_linear = rms_norm_linear_ref
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias)
+
+
+def _door_norm_linear(
+    op: Callable,
+    proj: nn.Module,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The door's `rms_norm_linear` (op) with proj's matmul plans and FP8 scales read at each call, not at
+    binding: this module may be moved before proj, whose move then replaces its tensors."""
+    return op(x, residual, norm_weight, eps, weight, bias, plans=proj.matmul_plans, weight_scale=proj.weight_scale)
 
 
 def _norm_then_proj(

@@ -66,10 +66,11 @@ def test_no_tokens_give_an_empty_output():
 
 
 def test_default_configs_tile_rows_whole_and_keep_small_weights_in_many_programs():
-    assert default_config(768, 2048, 2) == GemvMoeConfig(8, 512, num_stages=4)  # Qwen3-30B-A3B's gate/up
-    assert default_config(2048, 768, 2) == GemvMoeConfig(8, 256, num_stages=4)  # its down: 768 = 3 x 256
-    assert default_config(4096, 14336, 2).block_n == 16
-    assert default_config(64, 40, 4).block_k == 64  # no wider than the row (a power of two)
+    assert default_config(768, 2048, 2) == GemvMoeConfig(8, 256, num_warps=2, num_stages=4)  # Qwen3-30B-A3B
+    assert default_config(2048, 768, 2) == GemvMoeConfig(4, 256, num_warps=2, num_stages=4)  # its down
+    assert default_config(2048, 1408, 2).block_k == 128  # Qwen2-MoE's down: 1408 = 11 x 128
+    assert default_config(64, 40, 4).block_k == 32  # 40 has no power-of-two tile: the least, 128 bytes
+    assert default_config(64, 16, 2).block_k == 16  # no wider than the row
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")

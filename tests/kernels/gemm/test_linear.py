@@ -78,6 +78,9 @@ def launches(monkeypatch):
 
         def recorder(*args, name=name, ref=ref, **kwargs):
             calls.append(name)
+            # every tensor a launch gets is one the move made (a stale one: a freed or meta pointer on a GPU)
+            kinds = [type(t).__name__ for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            assert all(k == "_FakeCuda" for k in kinds), f"{name} got a tensor left off the device: {kinds}"
             out = ref(*map(_plain, args), **{k: _plain(v) for k, v in kwargs.items()})
             return tuple(map(_fake, out)) if isinstance(out, tuple) else _fake(out)
 
