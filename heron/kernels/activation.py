@@ -35,14 +35,24 @@ def _act_and_mul_kernel(
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
-    gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + t * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + t * stride_x + inter + cols, mask=mask, other=0.0)
+    tl.store(
+        out_ptr + t * stride_o + cols, gated_act(gate, up, out_ptr.dtype.element_ty, GELU_TANH, FIX_BF16), mask=mask
+    )
+
+
+@triton.jit
+def gated_act(gate, up, dtype: tl.constexpr, GELU_TANH: tl.constexpr, FIX_BF16: tl.constexpr):
+    """act(gate) * up in `dtype`, rounded as the references: the activation in float32, rounded, times up in
+    float32, rounded again. (Also the prologue of heron/kernels/lora.py's shrink.)"""
+    gate = gate.to(tl.float32)
     if GELU_TANH:  # F.gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
         act = 0.5 * gate * (1.0 + tanh(0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)))
     else:  # F.silu
         act = gate / (1.0 + tl.exp(-gate))
-    act = round_to(act, out_ptr.dtype.element_ty, FIX_BF16).to(tl.float32)
-    tl.store(out_ptr + t * stride_o + cols, round_to(act * up, out_ptr.dtype.element_ty, FIX_BF16), mask=mask)
+    act = round_to(act, dtype, FIX_BF16).to(tl.float32)
+    return round_to(act * up.to(tl.float32), dtype, FIX_BF16)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

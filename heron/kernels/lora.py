@@ -12,9 +12,14 @@ slot s's run.
   [j * BLOCK_R, +BLOCK_R) of their adapter's A, over the s-th range of `in` (split-K) in BLOCK_K tiles with
   tl.dot -> a float32 partial in a [splits, T, P*R] buffer. A tile that crosses from one slot's run into the
   next takes one pass per slot, the other rows masked to zero (one accumulator).
+  Its input is x, or made from x on load (`PROLOGUE`): act(gate) * up from a gated MLP's [gate | up] (a
+  down projection's), or h * weight from the residual stream h (a pre-norm block's normed input, whose
+  1 / rms(h) factors out of the sums: each split also stores its rows' sums of squares of h). Either saves the
+  launch that would make the input.
 - expand, program (m, i): the same rows' shrunk values (the splits' partials summed in order on load) times
   their adapter's B, columns [i * BLOCK_N, +BLOCK_N), reading only the rank rows of the parts those columns
-  belong to, added to y (rounded once) in place.
+  belong to, added to y (rounded once) in place. After a norm prologue the shrunk values are first scaled by
+  1 / rms(h) from the splits' sums of squares.
 
 Split-K because the shrink has few programs at decode sizes: (T / 16) x (P*R / 16), 16 for a down_proj of a
 256-row step, 1 at batch 1, each walking all of `in` (12,288 columns for Qwen3-8B's down_proj) one dependent
@@ -36,13 +41,18 @@ import torch
 import triton
 import triton.language as tl
 
+from heron.kernels.activation import gated_act
 from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.rmsnorm import fix_bf16, round_to
 
 BLOCK_M = 16
 BLOCK_R = 16
 BLOCK_K = 128
 BLOCK_N = 128
 MAX_PARTS = 3  # q/k/v
+# the shrink's prologue: what x is and how the matrix's input is made from it
+SILU, GELU_TANH, NORM = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+ACTS = {"silu": SILU.value, "gelu_tanh": GELU_TANH.value}
 
 
 @triton.jit
@@ -65,6 +75,8 @@ def _shrink_kernel(
     sorted_ptr,
     start_ptr,
     out_ptr,
+    nw_ptr,
+    ss_ptr,
     K,
     K_SPLIT,
     R2,
@@ -73,12 +85,15 @@ def _shrink_kernel(
     stride_ar,
     stride_split,
     stride_o,
+    stride_ss,
     NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PROLOGUE: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    FIX_BF16: tl.constexpr,
 ):
     m, j, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
@@ -86,20 +101,34 @@ def _shrink_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     ranks = j * BLOCK_R + tl.arange(0, BLOCK_R)
     rank_ok = ranks < R2
+    dtype = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: each row's, over this split's range of x
     for slot in range(first, last + 1):  # one slot, or a few where the tile crosses runs
         mine = ok & (slots == slot)  # the other rows load as zero: one accumulator for all
         a_rows = a_ptr + slot * stride_as + ranks.to(tl.int64)[None, :] * stride_ar
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < k_hi
-            x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
+            x_ptrs, x_mask = x_ptr + rows[:, None] * stride_x + ks[None, :], mine[:, None] & k_ok[None, :]
+            if PROLOGUE == SILU or PROLOGUE == GELU_TANH:  # x: [gate | up], K columns each
+                gate = tl.load(x_ptrs, mask=x_mask, other=0.0)
+                up = tl.load(x_ptrs + K, mask=x_mask, other=0.0)
+                x = gated_act(gate, up, dtype, PROLOGUE == GELU_TANH, FIX_BF16)
+            elif PROLOGUE == NORM:  # x: h; h * weight here, 1 / rms(h) on the sums in the expand
+                h = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+                sum_sq += tl.sum(h * h, axis=1)
+                x = round_to(h * tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :], dtype, FIX_BF16)
+            else:
+                x = tl.load(x_ptrs, mask=x_mask, other=0.0)
             a = tl.load(a_rows + ks[:, None], mask=k_ok[:, None] & rank_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             if UPCAST:
                 x, a = x.to(tl.float32), a.to(tl.float32)
             acc = tl.dot(x, a, acc, input_precision=PRECISION)
     out = out_ptr + split * stride_split + rows[:, None] * stride_o + ranks[None, :]
     tl.store(out, acc, mask=ok[:, None] & rank_ok[None, :])
+    if PROLOGUE == NORM:
+        tl.store(ss_ptr + split * stride_ss + rows, sum_sq, mask=ok & (j == 0))
 
 
 @triton.jit
@@ -110,25 +139,35 @@ def _expand_add_kernel(
     slots_ptr,
     sorted_ptr,
     start_ptr,
+    ss_ptr,
     N,
     OFF1,
     OFF2,
     MAX_RANK,
     SPLITS,
+    K,
+    eps,
     stride_y,
     stride_split,
     stride_s,
     stride_bs,
     stride_br,
+    stride_ss,
     NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NORMED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     m, i = tl.program_id(0), tl.program_id(1)
     rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
+    if NORMED:  # the shrink's input was h * weight: its sums times 1 / rms(h), from the splits' sums of squares
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for split in range(SPLITS):
+            sum_sq += tl.load(ss_ptr + split * stride_ss + rows, mask=ok, other=0.0)
+        inv_rms = tl.math.rsqrt(sum_sq / K + eps)
     cols = i * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     # the parts of this column tile: B's other rank rows are zero here (block-diagonal), so are skipped
@@ -148,6 +187,8 @@ def _expand_add_kernel(
             s = tl.load(s_ptrs, mask=s_mask, other=0.0)
             for split in range(1, SPLITS):
                 s += tl.load(s_ptrs + split * stride_split, mask=s_mask, other=0.0)
+            if NORMED:
+                s *= inv_rms[:, None]
             b = tl.load(
                 b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
             )
@@ -180,21 +221,30 @@ def lora_add_(
     output_sizes: list[int],
     max_rank: int,
     splits: int | None = None,
+    *,
+    act: str | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """y [T, out] += each adapted token's (x [T, in] A^T) B, in place; returns y. `token_slots`: each row's slot;
-    `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the parts of a
-    fused projection, each fed by `max_rank` rows of B; `splits`: the shrink's split-K (`shrink_splits` if
-    None)."""
+    """y [T, out] += each adapted token's (u A^T) B, in place; returns y. u is x [T, in], or made from x inside
+    the shrink: `act` ("silu", "gelu_tanh"): x is a gated MLP's [gate | up] [T, 2 * in] and u = act(gate) * up
+    (a down projection's input); `norm` (weight [in], eps): x is the residual stream h and u = weight * rmsnorm(h)
+    (a pre-norm block's). `token_slots`: each row's slot; `sorted_tokens`, `slot_start`: the step's rows grouped
+    by slot (see above); `output_sizes`: the parts of a fused projection, each fed by `max_rank` rows of B;
+    `splits`: the shrink's split-K (`shrink_splits` if None)."""
     num_slots, r2, k = lora_a.shape
     t, n = y.shape
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
-    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
+    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1 and (act is None or norm is None)
+    assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
     if splits is None:
         splits = shrink_splits(t, r2, k, x.device)
     k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
     splits = triton.cdiv(k, k_split)  # rounding the ranges up to whole tiles may leave fewer
     shrunk = torch.empty(splits, t, r2, dtype=torch.float32, device=x.device)
+    norm_weight, eps = norm if norm is not None else (x, 0.0)
+    sum_sq = torch.empty(splits, t, dtype=torch.float32, device=x.device) if norm is not None else shrunk
+    prologue = NORM.value if norm is not None else ACTS[act] if act else 0
     upcast = dot_upcast()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
     m_tiles = triton.cdiv(t, BLOCK_M)
@@ -205,6 +255,8 @@ def lora_add_(
         sorted_tokens,
         slot_start,
         shrunk,
+        norm_weight,
+        sum_sq,
         k,
         k_split,
         r2,
@@ -213,12 +265,15 @@ def lora_add_(
         lora_a.stride(1),
         shrunk.stride(0),
         shrunk.stride(1),
+        sum_sq.stride(0),
         NUM_SLOTS=num_slots,
         BLOCK_M=BLOCK_M,
         BLOCK_R=BLOCK_R,
         BLOCK_K=BLOCK_K,
+        PROLOGUE=prologue,
         UPCAST=upcast,
         PRECISION=precision,
+        FIX_BF16=fix_bf16(),
     )
     _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N))](
         y,
@@ -227,20 +282,25 @@ def lora_add_(
         token_slots,
         sorted_tokens,
         slot_start,
+        sum_sq,
         n,
         offsets[0],
         offsets[1],
         max_rank,
         splits,
+        k,
+        eps,
         y.stride(0),
         shrunk.stride(0),
         shrunk.stride(1),
         lora_b.stride(0),
         lora_b.stride(1),
+        sum_sq.stride(0),
         NUM_SLOTS=num_slots,
         BLOCK_M=BLOCK_M,
         BLOCK_R=BLOCK_R,
         BLOCK_N=BLOCK_N,
+        NORMED=norm is not None,
         UPCAST=upcast,
         PRECISION=precision,
     )

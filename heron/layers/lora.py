@@ -14,13 +14,12 @@ Built only with `enable_lora`: a model without it keeps its layers as they are a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from heron.kernels.reference import lora_ref, rms_norm_ref
+from heron.kernels.reference import gelu_tanh_and_mul_ref, lora_ref, rms_norm_ref, silu_and_mul_ref
 from heron.layers.device_ops import DeviceOps
 from heron.layers.layernorm import NormLinear
 
@@ -64,10 +63,18 @@ class LoRAStack(DeviceOps):
         self.lora_a[slot].copy_(a)
         self.lora_b[slot].copy_(b)
 
-    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """y [T, out] += the delta of each token's adapter for x [T, in] (none for the base model's tokens)."""
+    def add_to(
+        self, y: torch.Tensor, x: torch.Tensor, act: str | None = None, norm: tuple[torch.Tensor, float] | None = None
+    ) -> torch.Tensor:
+        """y [T, out] += the delta of each token's adapter (none for the base model's tokens) for the input made
+        from x: x itself [T, in]; act(gate) * up of a gated MLP's x [T, 2 * in] (`act`: "silu", "gelu_tanh");
+        weight * rmsnorm(x) (`norm`: (weight, eps)). On CUDA the kernel's shrink makes it as it reads x."""
         m = self.mapping
         if self._add is None:
+            if act is not None:
+                x = ACT_REFS[act](x)
+            elif norm is not None:
+                x = rms_norm_ref(x, *norm)
             return y.add_(lora_ref(x, self.lora_a, self.lora_b, m.token_slots))
         return self._add(
             y,
@@ -79,40 +86,35 @@ class LoRAStack(DeviceOps):
             m.slot_start,
             self.output_sizes,
             self.max_rank,
+            act=act,
+            norm=norm,
         )
 
 
-class LinearWithLoRA(nn.Module):
-    """A projection (o, down) plus its adapters' delta. `act` turns the layer's input into the matrix's input
-    where the layer applies an activation first (down: silu(gate) * up)."""
+ACT_REFS = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}  # a gated MLP's activations by name
 
-    def __init__(self, base: nn.Module, lora: LoRAStack, act: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+
+class LinearWithLoRA(nn.Module):
+    """A projection (o, down) plus its adapters' delta. `act` ("silu", "gelu_tanh") where the layer applies a
+    gated activation to its input first (down: act(gate) * up of the gate/up projection's output)."""
+
+    def __init__(self, base: nn.Module, lora: LoRAStack, act: str | None) -> None:
         super().__init__()
         self.base, self.lora, self.act = base, lora, act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora.add_to(self.base(x), x if self.act is None else self.act(x))
+        return self.lora.add_to(self.base(x), x, act=self.act)
 
 
-class NormLinearWithLoRA(DeviceOps):
+class NormLinearWithLoRA(nn.Module):
     """A pre-norm block's entry (NormLinear: residual add, norm, q/k/v or gate/up) plus the adapters' delta,
-    whose input is the normed hidden state: the fused norm + projection runs as it is and the norm is
-    recomputed from the residual it returns."""
+    whose input is the normed hidden state: the fused norm + projection runs as it is, and the delta's input is
+    normed again from the residual it returns (on CUDA inside the LoRA kernel: no launch of its own)."""
 
     def __init__(self, base: NormLinear, lora: LoRAStack) -> None:
         super().__init__()
         self.base, self.lora = base, lora
-        self.bind_ops()
-
-    def bind_ops(self) -> None:
-        if self.lora.lora_a.is_cuda:
-            from heron.kernels.rmsnorm import rms_norm
-
-            self._norm = rms_norm
-        else:
-            self._norm = rms_norm_ref
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         y, residual = self.base(x, residual)
-        normed = self._norm(residual, self.base.weight, self.base.eps)
-        return self.lora.add_to(y, normed), residual
+        return self.lora.add_to(y, residual, norm=(self.base.weight, self.base.eps)), residual

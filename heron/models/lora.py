@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from heron.kernels.reference import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from heron.layers.layernorm import NormLinear
 from heron.layers.lora import LinearWithLoRA, LoRAMapping, LoRAStack, NormLinearWithLoRA
 
@@ -66,7 +65,7 @@ def add_lora(model: nn.Module, max_loras: int, max_rank: int, mapping: LoRAMappi
         stacks[i, "gate_up_proj"] = stack(hidden, gate_up.output_sizes)
         down = mlp.down_proj
         stacks[i, "down_proj"] = stack(down.input_size, [down.output_size])
-        act = silu_and_mul_ref if down.swiglu else gelu_tanh_and_mul_ref if down.geglu else None
+        act = "silu" if down.swiglu else "gelu_tanh" if down.geglu else None
         layer.input_layernorm = NormLinearWithLoRA(layer.input_layernorm, stacks[i, "qkv_proj"])
         layer.post_attention_layernorm = NormLinearWithLoRA(layer.post_attention_layernorm, stacks[i, "gate_up_proj"])
         attn.o_proj = LinearWithLoRA(attn.o_proj, stacks[i, "o_proj"], None)

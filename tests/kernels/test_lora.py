@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 
 from heron.executor.lora_manager import group_by_slot
 from heron.kernels.lora import _shrink_kernel, lora_add_, shrink_splits
-from heron.kernels.reference import lora_ref
+from heron.kernels.reference import gelu_tanh_and_mul_ref, lora_ref, rms_norm_ref, silu_and_mul_ref
 from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
@@ -77,6 +77,41 @@ def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, m
 @pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), SPLIT_CASES)
 def test_split_shrink_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits):
     test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits, torch.float32)
+
+
+PROLOGUE_CASES = [  # (tokens' slots, in, output parts, max_rank, each slot's rank, splits)
+    ([0, -1, 1, 1, 2, 0, -1], 48, [40, 24, 24], 4, [4, 2, 3], None),
+    ([1, -1, 0, 0, 1] * 4, 700, [40, 24], 8, [8, 5], 3),  # split-K: each split's sums of squares
+    ([2] * 19 + [-1, 0, 1], 200, [136], 16, [16, 5, 9], 2),  # a slot's run over two token tiles
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prologue", ["silu", "gelu_tanh", "norm"])
+@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), PROLOGUE_CASES)
+def test_the_shrink_makes_its_input_as_the_references_do(
+    slots, in_size, out_sizes, max_rank, ranks, splits, prologue, dtype
+):
+    """A down projection's input from [gate | up], a pre-norm block's from the residual stream: the delta equals
+    the dense reference's over the references' input (the norm rounds h * weight once where rms_norm_ref
+    rounds twice: within the bf16 tolerance)."""
+    gen = torch.Generator().manual_seed(len(slots) + len(prologue))
+    a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
+    x = torch.randn(len(slots), 2 * in_size if prologue != "norm" else in_size, generator=gen) * 2
+    weight = torch.rand(in_size, generator=gen) + 0.5
+    y = torch.randn(len(slots), sum(out_sizes), generator=gen)
+    a, b, x, y, weight = (t.to(dtype) for t in (a, b, x, y, weight))
+    make = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}.get(prologue)
+    u = make(x) if make else rms_norm_ref(x, weight, 1e-5)
+    token_slots = torch.tensor(slots)
+    want = y.float() + lora_ref(u.float(), a.float(), b.float(), token_slots)
+    order, starts = group_by_slot(np.array(slots), len(ranks))
+    args = [t.to(DEVICE) for t in (y, x, a, b, token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
+    kwargs = {"act": prologue} if make else {"norm": (weight.to(DEVICE), 1e-5)}
+    got = lora_add_(*args, out_sizes, max_rank, splits, **kwargs)
+    assert rel_err(got.cpu(), want) < TOL[dtype]
+    base = token_slots < 0
+    assert torch.equal(got.cpu()[base], y[base])
 
 
 def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():

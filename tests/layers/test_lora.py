@@ -53,7 +53,7 @@ def test_wrappers_add_the_delta_of_the_layers_matrix_input():
     st = _stack(8, [6], slots)
     gate_up = torch.randn(3, 16)
     torch.testing.assert_close(
-        LinearWithLoRA(down, st, silu_and_mul_ref)(gate_up), down(gate_up) + _delta(st, silu_and_mul_ref(gate_up))
+        LinearWithLoRA(down, st, "silu")(gate_up), down(gate_up) + _delta(st, silu_and_mul_ref(gate_up))
     )
 
     proj = ColumnParallelLinear(8, [4, 4], bias=False)

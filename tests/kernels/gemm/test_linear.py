@@ -12,10 +12,12 @@ pytest.importorskip("triton")
 
 from heron.attention import AttentionMetadata
 from heron.attention.torch_ref import TorchAttentionBackend
-from heron.kernels import activation, fused_moe, gemv, reference, rmsnorm, rope
+from heron.kernels import activation, fused_moe, gemv, lora, reference, rmsnorm, rope
 from heron.kernels.gemm import blas, int4
 from heron.kernels.gemm import linear as door
+from heron.layers.lora import ACT_REFS, LoRAMapping
 from heron.models.config import TransformerConfig
+from heron.models.lora import add_lora
 from heron.models.quantization import init_dummy_weights, quantize_layers
 from heron.models.registry import get_model_cls
 
@@ -46,6 +48,11 @@ def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, weight_scal
     return F.linear(normed, _w(x, weight, weight_scale), bias), h
 
 
+def _lora_add_(y, x, a, b, slots, sorted_tokens, slot_start, sizes, rank, splits=None, act=None, norm=None):
+    u = ACT_REFS[act](x) if act else reference.rms_norm_ref(x, *norm) if norm else x
+    return y.add_(reference.lora_ref(u, a, b, slots))
+
+
 KERNELS = {  # name -> (modules that hold it, its reference)
     "gemv": (
         (gemv, door),
@@ -66,6 +73,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
     "fused_experts": ((fused_moe,), reference.fused_experts_ref),
     "moe_gemv": ((fused_moe,), reference.fused_moe_ref),
+    "lora_add_": ((lora,), _lora_add_),
     "int4_linear": ((int4,), reference.int4_linear_ref),
     "fp8_linear": ((door,), reference.fp8_linear_ref),
 }
@@ -201,6 +209,30 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
         logits = _step(model, cfg, 4, True)
     assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
     assert "gemv_silu_mul" not in launches and "silu_and_mul" not in launches
+    assert torch.isfinite(_plain(logits)).all()
+
+
+def test_a_lora_layer_adds_one_kernel_per_projection_that_makes_its_own_input(launches):
+    """With adapters on every projection, each adds the LoRA kernel after the base's GEMV and nothing else: the
+    normed input of q/k/v and gate/up and down's silu(gate) * up are made inside it (no norm or activation
+    launch of their own)."""
+    model, cfg = _on_fake_cuda("Qwen3ForCausalLM")
+    none = _fake(torch.zeros(0, dtype=torch.long))
+    mapping = LoRAMapping(_fake(torch.tensor([0, 1, -1, 0])), none, none)
+    stacks = add_lora(model, max_loras=2, max_rank=4, mapping=mapping)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        for st in stacks.values():
+            st._apply(_fake)
+            st.lora_a.normal_()
+            st.lora_b.normal_()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    layer = ["gemv_rms_norm", "lora_add_", "apply_rope_and_cache", "gemv", "lora_add_"]
+    layer += ["gemv_rms_norm", "lora_add_", "gemv_silu_mul", "lora_add_"]
+    with torch.inference_mode():
+        logits = _step(model, cfg, 4, decode=True)
+    assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
     assert torch.isfinite(_plain(logits)).all()
 
 
