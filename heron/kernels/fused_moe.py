@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from heron.kernels.activation import gated_act
 from heron.kernels.common import dot_upcast
 from heron.kernels.moe_gemv import moe_gemv
 from heron.kernels.moe_routing import topk_softmax
@@ -260,10 +261,8 @@ def _fused_moe_kernel(
         b_ptrs += BLOCK_K
     dtype = c_ptr.dtype.element_ty
     if SWIGLU:  # as silu_and_mul_ref over the rounded projections
-        gate = round_to(acc, dtype, FIX_BF16).to(tl.float32)
-        up = round_to(acc_up, dtype, FIX_BF16).to(tl.float32)
-        act = round_to(gate / (1.0 + tl.exp(-gate)), dtype, FIX_BF16).to(tl.float32)
-        acc = act * up
+        gate, up = round_to(acc, dtype, FIX_BF16), round_to(acc_up, dtype, FIX_BF16)
+        acc = gated_act(gate, up, dtype, False, FIX_BF16).to(tl.float32)
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + entry, mask=valid, other=0.0)[:, None]
     c_ptrs = c_ptr + entry.to(tl.int64)[:, None] * stride_cm + n[None, :]
