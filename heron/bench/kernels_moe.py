@@ -62,7 +62,7 @@ def _sweep_gemvs(run, timed) -> None:
 
 
 def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
-    from heron.kernels.fused_moe import fused_experts, fused_moe, per_entry, pick_config
+    from heron.kernels.fused_moe import GEMV_MAX_TOKENS, fused_experts, fused_moe, per_entry, pick_config
     from heron.kernels.moe_gemv import moe_gemv
     from heron.kernels.moe_routing import topk_softmax
     from heron.kernels.reference import fused_experts_ref
@@ -108,10 +108,17 @@ def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
             )
 
         t_door = _timed(lambda w13, w2: fused_moe(x, logits, w13, w2, TOP_K, True), "fused_moe")
-        if per_entry(m, EXPERTS, TOP_K):
-            show("fused_moe (the decode GEMVs)", t_door)
+        if per_entry(m, EXPERTS, TOP_K):  # few enough tokens for the GEMVs: both paths, whichever the door takes
+
+            def gemv_run(w13, w2):
+                return moe_gemv(x, logits, w13, w2, TOP_K, True)
+
+            show("the decode GEMVs (moe_gemv)", _timed(gemv_run, "moe_gemv"))
             t = timed()
             show(f"grouped GEMMs {pick_config(m, EXPERTS, INTER, HIDDEN, TOP_K, x.dtype)}", t)
+            print(
+                f"    fused_moe takes the {'GEMVs' if m <= GEMV_MAX_TOKENS else 'grouped GEMMs'}: {t_door * 1e6:.1f} us"
+            )
             if sweep:
                 _sweep_gemvs(lambda cfgs, w13, w2: moe_gemv(x, logits, w13, w2, TOP_K, True, configs=cfgs), _timed)
         else:

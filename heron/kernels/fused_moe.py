@@ -1,8 +1,8 @@
 """The routed experts of a sparse mixture-of-experts MLP on the GPU, in the style of vLLM's fused_moe.
 
 A token's router picks k of E SwiGLU experts; out = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x)) over its k
-picks e = ids[j]. `fused_moe` is the door: a batch of a few tokens (`per_entry`: batch 1 at decode) goes to
-the two GEMV launches of heron/kernels/moe_gemv.py, which route inside their programs; a larger one is
+picks e = ids[j]. `fused_moe` is the door: a step of one token (`GEMV_MAX_TOKENS`: batch 1 at decode) goes
+to the two GEMV launches of heron/kernels/moe_gemv.py, which route inside their programs; a larger one is
 computed as its T * k (token, expert) entries in four launches, each a grid fixed by the shapes with nothing
 read back to the host, so a CUDA graph replays a decode step:
 
@@ -10,8 +10,8 @@ read back to the host, so a CUDA graph replays a decode step:
    weights (float32).
 2. `moe_align_block_size`: the entries grouped by expert, each expert's run padded to a multiple of BLOCK_M,
    by one program: `sorted_ids` (an entry's index t * k + j, or T * k in a padding slot), `expert_ids` (the
-   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read. Called
-   directly with a few tokens (`per_entry`), `fused_experts` skips it: each entry is a block of its own.
+   expert of each block of BLOCK_M slots) and the padded total. Slots past the total are never read. A batch
+   of a few tokens (`per_entry`: decode batches up to 4) skips it: each entry is a block of its own.
 3. The grouped GEMM, one launch per projection over all experts (`_fused_moe_kernel`): program (m, n) takes
    block m of the sorted entries, all of one expert, and output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of
    it, streaming that expert's weight tile; its rows are the entries' tokens gathered from A. The grid is sized
@@ -376,20 +376,25 @@ def fused_experts(
     return moe_sum(y, top_k)
 
 
+# Steps of up to this many tokens take `moe_gemv`. On the H200 (Qwen3-30B-A3B's experts, 2026-12-05): at one
+# token 28.8 us a layer against 30.3 for the grouped path; at 2 and 4 tokens the GEMVs, with configs not yet
+# tuned for them, lost (53.4 against 48.0, 93.5 against 77.0 us): `heron.bench.kernels --moe` times both.
+GEMV_MAX_TOKENS = 1
+
+
 def fused_moe(
     x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int, renormalize: bool
 ) -> torch.Tensor:
     """x [T, H], router_logits [T, E]; w13 [E, 2I, H], w2 [E, H, I] -> the sum of each token's top-k experts
     weighted by its routing (softmax, renormalised over the k if `renormalize`), [T, H] in x's dtype."""
-    if per_entry(x.shape[0], w13.shape[0], top_k):
+    if x.shape[0] <= GEMV_MAX_TOKENS:
         return moe_gemv(x, router_logits, w13, w2, top_k, renormalize)
     weights, ids = topk_softmax(router_logits, top_k, renormalize)
     return fused_experts(x, w13, w2, weights, ids)
 
 
 def per_entry(tokens: int, num_experts: int, top_k: int) -> bool:
-    """Whether a batch is so small that its tokens rarely share an expert (T * k <= E / 4; one token's k
-    experts are distinct): then each (token, expert) entry is computed on its own (an expert shared by two
-    entries is read twice), by `moe_gemv` or by a block of its own in the grouped GEMM, where sorting the
-    entries would cost a launch more than it saves."""
+    """Whether the GEMMs take a block per (token, expert) entry instead of sorting the entries: for a batch so
+    small that its tokens rarely share an expert (T * k <= E / 4; one token's k experts are distinct), where
+    the alignment launch costs more than the few experts read twice."""
     return 4 * tokens * top_k <= num_experts

@@ -2,8 +2,9 @@
 
 At batch 1 a MoE layer's expert work is k GEMV pairs over k different experts' weights (Qwen3-30B-A3B: 8 of
 128, 75 MB a layer), which the grouped GEMM path of heron/kernels/fused_moe.py runs in four launches (top-k,
-two GEMMs with tensor-core tiles of 16 rows for one, the combine). Here, for a batch whose tokens rarely share
-an expert (`fused_moe.per_entry`), in two:
+two GEMMs with tensor-core tiles of 16 rows for one, the combine). Here, for the steps of
+heron/kernels/fused_moe.py's `GEMV_MAX_TOKENS` (each (token, expert) entry on its own, so an expert two tokens
+share is read twice), in two:
 
 1. `_up_kernel`, program (n, entry): routes the entry's token itself (softmax over its E router logits and
    heron/kernels/moe_routing.py's `route`: a few reductions over E values, repeated by every program instead of a
