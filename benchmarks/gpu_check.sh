@@ -7,6 +7,9 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/heron-out}; mkdir -p "$OUT" /tmp/shapes
 python3 benchmarks/shapes.py /tmp/shapes
 SECTIONS=${*:-machine kernels gemv correctness latency throughput prefill serve}
+# the embedded model's tokenizer where its package is absent (the device image): carried, for the tests' tiny
+# models (tests/conftest.py) and the structured workload
+[ -n "${STRUCTURED_TOKENIZER:-}" ] && export HERON_TEST_TOKENIZER=${HERON_TEST_TOKENIZER:-$STRUCTURED_TOKENIZER}
 heron() { python3 -m heron.entrypoints.cli "$@"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }

@@ -40,8 +40,12 @@ TINY = dict(
 
 @pytest.fixture(scope="session")
 def embedded_tokenizer():
+    """The embedded model's tokenizer; from the folder $HERON_TEST_TOKENIZER names where it is set (a device
+    machine without the embedded model's package carries the tokenizer alone: benchmarks/gpu_check.sh)."""
     from transformers import AutoTokenizer
 
+    if folder := os.environ.get("HERON_TEST_TOKENIZER"):
+        return AutoTokenizer.from_pretrained(folder)
     path = embedded_model_path()
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
