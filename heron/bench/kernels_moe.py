@@ -87,6 +87,12 @@ def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
         nbytes, flops = touched * 3 * HIDDEN * INTER * 2, 2 * 3 * HIDDEN * INTER * m * TOP_K
         ref = fused_experts_ref(x, *layers[0], weights, ids).float()
 
+        def _timed(run, what) -> float:
+            err = (run(*layers[0]).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"the MoE kernels disagree with the reference: relative error {err:.3g} ({what})"
+            it = itertools.cycle(layers)
+            return time_graph(lambda: run(*next(it)), iters=4 * LAYERS)
+
         def timed(cfg=None) -> float:
             """The grouped GEMMs with `cfg`, routing included."""
 
@@ -94,12 +100,6 @@ def bench_moe(sweep: bool = False, rows: tuple[int, ...] = MOE_ROWS) -> None:
                 return fused_experts(x, w13, w2, *topk_softmax(logits, TOP_K, True), config=cfg)
 
             return _timed(run, cfg)
-
-        def _timed(run, what) -> float:
-            err = (run(*layers[0]).float() - ref).norm() / ref.norm()
-            assert err < 1e-2, f"the MoE kernels disagree with the reference: relative error {err:.3g} ({what})"
-            it = itertools.cycle(layers)
-            return time_graph(lambda: run(*next(it)), iters=4 * LAYERS)
 
         def show(label: str, t: float) -> None:
             print(

@@ -23,6 +23,8 @@ from heron.kernels.reference import gelu_tanh_and_mul_ref, lora_ref, rms_norm_re
 from heron.layers.device_ops import DeviceOps
 from heron.layers.layernorm import NormLinear
 
+ACT_REFS = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}  # a gated MLP's activations by name
+
 
 @dataclass
 class LoRAMapping:
@@ -89,9 +91,6 @@ class LoRAStack(DeviceOps):
             act=act,
             norm=norm,
         )
-
-
-ACT_REFS = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}  # a gated MLP's activations by name
 
 
 class LinearWithLoRA(nn.Module):

@@ -121,6 +121,15 @@ def _step(model, cfg, rows: int, decode: bool):
     return model.compute_logits(hidden[qsl[1:].long() - 1])
 
 
+def _to_fake_cuda(module: torch.nn.Module) -> None:
+    """`module` "moved to CUDA" (its tensors replaced, as a move replaces them): its layers bind their CUDA ops."""
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        module._apply(_fake)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+
+
 def _on_fake_cuda(arch: str, **extra):
     """A tiny `arch` model (config fields `extra` on top) with random bf16 weights, "moved to CUDA", with KV caches;
     with a `quantization_config`, its projections quantized (random weights as `--load-format dummy` makes)."""
@@ -148,11 +157,7 @@ def _on_fake_cuda(arch: str, **extra):
         else:
             for p in model.parameters():
                 p.normal_(0, 0.1)
-    torch.__future__.set_overwrite_module_params_on_conversion(True)
-    try:
-        model._apply(_fake)  # "moved to CUDA": the layers bind their CUDA ops
-    finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    _to_fake_cuda(model)
     for layer in model.layers:
         layer.self_attn.kv_cache = _fake(torch.zeros(2, 17 * 8, 4, 2, cfg.head_dim, dtype=torch.bfloat16))
     return model, cfg
@@ -220,14 +225,10 @@ def test_a_lora_layer_adds_one_kernel_per_projection_that_makes_its_own_input(la
     none = _fake(torch.zeros(0, dtype=torch.long))
     mapping = LoRAMapping(_fake(torch.tensor([0, 1, -1, 0])), none, none)
     stacks = add_lora(model, max_loras=2, max_rank=4, mapping=mapping)
-    torch.__future__.set_overwrite_module_params_on_conversion(True)
-    try:
-        for st in stacks.values():
-            st._apply(_fake)
-            st.lora_a.normal_()
-            st.lora_b.normal_()
-    finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    for st in stacks.values():
+        _to_fake_cuda(st)
+        st.lora_a.normal_()
+        st.lora_b.normal_()
     layer = ["gemv_rms_norm", "lora_add_", "apply_rope_and_cache", "gemv", "lora_add_"]
     layer += ["gemv_rms_norm", "lora_add_", "gemv_silu_mul", "lora_add_"]
     with torch.inference_mode():
