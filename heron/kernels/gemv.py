@@ -50,6 +50,12 @@ and each output row's float32 sums are multiplied by its scale once, after the s
 before the bias. x stays in 16 bits (W8A16); the prologues work unchanged. A compile-time switch (`W_SCALED`):
 the 16-bit kernels are the same code as without it.
 
+A LoRA delta (`lora`, heron/kernels/lora.py's `LoRADelta`: the shrink has run) is added in the epilogue of a
+one-row GEMV on the FMA path: each program reads its columns' rank rows of the row's adapter B and the shrink's
+sums (all of its split-K partials in one load) and adds their product before the single rounding; after a norm
+prologue the shrink's sums of h * weight take the same 1 / rms as the main sums. Batch-1 decode with adapters
+then pays one launch per projection (the shrink) instead of two. Other shapes run the expand kernel after.
+
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
@@ -59,6 +65,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -66,6 +73,9 @@ import triton.language as tl
 
 from heron.kernels.common import dot_upcast, num_sms
 from heron.kernels.rmsnorm import fix_bf16, round_to
+
+if TYPE_CHECKING:
+    from heron.kernels.lora import LoRADelta
 
 MAX_M = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -130,6 +140,43 @@ def _load(ptrs, mask):
     return v
 
 
+@triton.jit
+def _lora_delta(
+    part_ptr,
+    b_ptr,
+    slot_ptr,
+    pid_n,
+    n,
+    N,
+    OFF1,
+    OFF2,
+    MAX_RANK,
+    SPLITS,
+    stride_split,
+    stride_bs,
+    stride_br,
+    R_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Row 0's LoRA delta on output columns n (float32 [BLOCK_N]): its adapter's B rows of the parts these columns
+    belong to (B is block-diagonal over a fused projection's parts) times the shrink's sums, all of its splits'
+    partials read in one load. Zero for a row without an adapter (slot -1)."""
+    slot = tl.load(slot_ptr)
+    col_first = pid_n * BLOCK_N
+    col_last = tl.minimum(col_first + BLOCK_N, N) - 1
+    part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
+    part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
+    r = tl.arange(0, R_PAD)
+    r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
+    sp = tl.arange(0, S_PAD)
+    s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
+    s = tl.sum(tl.load(part_ptr + sp[:, None] * stride_split + r[None, :], mask=s_mask, other=0.0), axis=0)
+    b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
+    b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
+    return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
+
+
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
 def _gemv_kernel(
     x_ptr,
@@ -142,6 +189,9 @@ def _gemv_kernel(
     res_ptr,
     nw_ptr,
     res_out_ptr,
+    lora_slot_ptr,
+    lora_part_ptr,
+    lora_b_ptr,
     M,
     N,
     K,
@@ -153,6 +203,13 @@ def _gemv_kernel(
     stride_rm,
     stride_rom,
     eps,
+    lora_off1,
+    lora_off2,
+    lora_max_rank,
+    lora_splits,
+    stride_lora_split,
+    stride_lora_bs,
+    stride_lora_br,
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -166,6 +223,9 @@ def _gemv_kernel(
     FIX_BF16: tl.constexpr,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    LORA: tl.constexpr,
+    LORA_R_PAD: tl.constexpr,
+    LORA_S_PAD: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -255,6 +315,28 @@ def _gemv_kernel(
         acc *= tl.load(ws_ptr + tl.minimum(n, N - 1))[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
+    if LORA:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
+        delta = _lora_delta(
+            lora_part_ptr,
+            lora_b_ptr,
+            lora_slot_ptr,
+            pid_n,
+            n,
+            N,
+            lora_off1,
+            lora_off2,
+            lora_max_rank,
+            lora_splits,
+            stride_lora_split,
+            stride_lora_bs,
+            stride_lora_br,
+            LORA_R_PAD,
+            LORA_S_PAD,
+            BLOCK_N,
+        )
+        if PROLOGUE == 2:
+            delta *= tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
+        acc += delta[:, None]
     tl.store(
         out_ptr + m[None, :] * stride_om + n[:, None],
         round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
@@ -350,12 +432,14 @@ def gemv(
     config: GemvConfig | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
     [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
     (`make_workspace`) replaces the shared split-K workspace; `weight_scale` [N, 1]: the weight is float8
-    and each row's sums are scaled by its scale. No host sync; the grid is fixed by the shapes."""
-    return _launch(x, weight, bias, out, config, workspace, weight_scale)
+    and each row's sums are scaled by its scale; `lora`: plus its delta (in the epilogue for one row, else
+    by its expand kernel after). No host sync; the grid is fixed by the shapes."""
+    return _launch(x, weight, bias, out, config, workspace, weight_scale, lora=lora)
 
 
 def gemv_silu_mul(
@@ -365,10 +449,11 @@ def gemv_silu_mul(
     *,
     config: GemvConfig | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     """F.linear(silu(x[..., :K]) * x[..., K:], weight, bias): SwiGLU's activation and down projection in one
-    kernel; x [..., 2K] with <= 16 rows, weight [N, K] (float8 with `weight_scale`, as `gemv`)."""
-    return _launch(x, weight, bias, None, config, None, weight_scale, prologue=1)
+    kernel; x [..., 2K] with <= 16 rows, weight [N, K] (float8 with `weight_scale`, and `lora`, as `gemv`)."""
+    return _launch(x, weight, bias, None, config, None, weight_scale, prologue=1, lora=lora)
 
 
 def gemv_rms_norm(
@@ -381,19 +466,30 @@ def gemv_rms_norm(
     *,
     config: GemvConfig | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's RMSNorm (with the residual add) and the projection after it in one kernel:
     h = x + residual (x when residual is None), returns (F.linear(norm_weight * rmsnorm(h), weight, bias), h).
-    x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype; weight float8 with `weight_scale`
-    as `gemv`."""
+    x and residual [..., K] with <= 16 rows; norm_weight [K] of x's dtype; weight float8 with `weight_scale`,
+    and `lora` (its shrink normed from the same h), as `gemv`."""
     assert norm_weight.shape == x.shape[-1:] and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
     norm = (norm_weight, eps)
     if residual is None:
-        return _launch(x, weight, bias, None, config, None, weight_scale, prologue=2, norm=norm), x
+        return _launch(x, weight, bias, None, config, None, weight_scale, prologue=2, norm=norm, lora=lora), x
     assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y = _launch(
-        x, weight, bias, None, config, None, weight_scale, prologue=2, norm=norm, residual=(residual, residual_out)
+        x,
+        weight,
+        bias,
+        None,
+        config,
+        None,
+        weight_scale,
+        prologue=2,
+        norm=norm,
+        residual=(residual, residual_out),
+        lora=lora,
     )
     return y, residual_out
 
@@ -409,6 +505,7 @@ def _launch(
     prologue: int = 0,
     norm: tuple[torch.Tensor, float] | None = None,
     residual: tuple[torch.Tensor, torch.Tensor] | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     k = weight.shape[1]
     n = weight.shape[0]
@@ -438,6 +535,16 @@ def _launch(
         assert part.numel() >= need and count.numel() >= tiles and part.dtype == torch.float32
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
+    # the LoRA delta in the epilogue of a one-row GEMV whose input is the shrink's (normed by both, or neither)
+    fuse = lora is not None and not cfg.dot and (lora.sum_sq is not None) == (prologue == 2)
+    if fuse:
+        parts, lora_b = lora.partials, lora.lora_b
+        assert parts.shape[1] == 1 and lora_b.shape[2] == n and lora_b.dtype == x.dtype
+        lora_ptrs = (lora.token_slots, parts, lora_b)
+        lora_args = (*lora.offsets, lora.max_rank, parts.shape[0], parts.stride(0), lora_b.stride(0), lora_b.stride(1))
+        r_pad, s_pad = triton.next_power_of_2(lora_b.shape[1]), triton.next_power_of_2(parts.shape[0])
+    else:
+        lora_ptrs, lora_args, r_pad, s_pad = (x2, x2, x2), (0,) * 7, 1, 1
     _gemv_kernel[(tiles, cfg.split_k)](
         x2,
         weight,
@@ -449,6 +556,7 @@ def _launch(
         res,
         norm_weight,
         res_out,
+        *lora_ptrs,
         m,
         n,
         k,
@@ -460,6 +568,7 @@ def _launch(
         res.stride(0),
         res_out.stride(0),
         eps,
+        *lora_args,
         M_PAD=m_pad,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -473,7 +582,12 @@ def _launch(
         FIX_BF16=fix_bf16(),
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
+        LORA=fuse,
+        LORA_R_PAD=r_pad,
+        LORA_S_PAD=s_pad,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if lora is not None and not fuse:
+        lora.add_to_(out.view(-1, n))
     return out

@@ -1,6 +1,8 @@
 """Gathered multi-LoRA: y += (x A[s]^T) B[s] for every token of a batch, each token with its own adapter slot s
 (-1: none), in two launches per projection (shrink, then expand-and-add) whatever the mix of adapters: Punica's
-BGMV/SGMV as vLLM's Triton LoRA kernels do it.
+BGMV/SGMV as vLLM's Triton LoRA kernels do it. `lora_shrink` returns the shrink's output as a `LoRADelta`, which
+the matmul door hands to the base projection: at batch 1 the decode GEMV adds the delta in its epilogue
+(heron/kernels/gemv.py) and the expand's launch is saved.
 
 Layout (heron/layers/lora.py's LoRAStack): A [S, P*R, in] and B [S, P*R, out] (transposed, scaled), B
 block-diagonal over the P parts of a fused projection: part p's R rank rows feed only its output columns.
@@ -36,6 +38,8 @@ one tile, so no two programs write one element of y.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -77,10 +81,12 @@ def _shrink_kernel(
     out_ptr,
     nw_ptr,
     ss_ptr,
+    res_ptr,
     K,
     K_SPLIT,
     R2,
     stride_x,
+    stride_r,
     stride_as,
     stride_ar,
     stride_split,
@@ -91,6 +97,7 @@ def _shrink_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     FIX_BF16: tl.constexpr,
@@ -115,8 +122,11 @@ def _shrink_kernel(
                 gate = tl.load(x_ptrs, mask=x_mask, other=0.0)
                 up = tl.load(x_ptrs + K, mask=x_mask, other=0.0)
                 x = gated_act(gate, up, dtype, PROLOGUE == GELU_TANH, FIX_BF16)
-            elif PROLOGUE == NORM:  # x: h; h * weight here, 1 / rms(h) on the sums in the expand
+            elif PROLOGUE == NORM:  # h = x (+ residual); h * weight here, 1 / rms(h) on the sums after
                 h = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+                if HAS_RESIDUAL:  # rounded as torch rounds x + residual
+                    r = tl.load(res_ptr + rows[:, None] * stride_r + ks[None, :], mask=x_mask, other=0.0)
+                    h = round_to(h + r.to(tl.float32), dtype, FIX_BF16).to(tl.float32)
                 sum_sq += tl.sum(h * h, axis=1)
                 x = round_to(h * tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :], dtype, FIX_BF16)
             else:
@@ -210,6 +220,135 @@ def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.devic
     return max(1, min(triton.cdiv(in_size, BLOCK_K), triton.cdiv(2 * num_sms(device), programs)))
 
 
+@dataclass
+class LoRADelta:
+    """One projection's shrunk LoRA products for a step (the shrink's output), waiting to be expanded and added to
+    the base projection's output y: by the expand kernel (`add_to_`), or at batch 1 in the base GEMV's epilogue
+    (heron/kernels/gemv.py), which reads these same tensors and saves the expand's launch."""
+
+    partials: torch.Tensor  # [splits, T, P*R] float32: the splits' sums, added in order when read
+    sum_sq: torch.Tensor | None  # [splits, T]: a norm prologue's sums of squares of h (1 / rms is applied after)
+    eps: float
+    in_size: int
+    lora_b: torch.Tensor
+    token_slots: torch.Tensor
+    sorted_tokens: torch.Tensor
+    slot_start: torch.Tensor
+    offsets: tuple[int, int]  # where parts 1 and 2 of the output start (N where there is none)
+    max_rank: int
+
+    def add_to_(self, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out] += each adapted token's expanded delta, in place (the expand kernel); returns y."""
+        splits, t, _ = self.partials.shape
+        n = y.shape[1]
+        assert y.shape[0] == t and y.stride(-1) == 1 and n == self.lora_b.shape[2]
+        sum_sq = self.sum_sq if self.sum_sq is not None else self.partials
+        _expand_add_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+            y,
+            self.partials,
+            self.lora_b,
+            self.token_slots,
+            self.sorted_tokens,
+            self.slot_start,
+            sum_sq,
+            n,
+            self.offsets[0],
+            self.offsets[1],
+            self.max_rank,
+            splits,
+            self.in_size,
+            self.eps,
+            y.stride(0),
+            self.partials.stride(0),
+            self.partials.stride(1),
+            self.lora_b.stride(0),
+            self.lora_b.stride(1),
+            sum_sq.stride(0),
+            NUM_SLOTS=self.lora_b.shape[0],
+            BLOCK_M=BLOCK_M,
+            BLOCK_R=BLOCK_R,
+            BLOCK_N=BLOCK_N,
+            NORMED=self.sum_sq is not None,
+            UPCAST=dot_upcast(),
+            PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
+        )
+        return y
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
+    sorted_tokens: torch.Tensor,
+    slot_start: torch.Tensor,
+    output_sizes: list[int],
+    max_rank: int,
+    splits: int | None = None,
+    *,
+    act: str | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+) -> LoRADelta:
+    """The shrink of each adapted token's (u A^T) B: u A^T for the rows of x [T, ...], returned with what the
+    expand needs. u is x [T, in], or made from x inside the shrink: `act` ("silu", "gelu_tanh"): x is a gated
+    MLP's [gate | up] [T, 2 * in] and u = act(gate) * up (a down projection's input); `norm` (weight [in], eps):
+    u = weight * rmsnorm(h), h = x + `residual` (x where None; a pre-norm block's input). `token_slots`: each
+    row's slot; `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the
+    parts of a fused projection, each fed by `max_rank` rows of B; `splits`: the split-K (`shrink_splits` if
+    None)."""
+    num_slots, r2, k = lora_a.shape
+    t = x.shape[0]
+    assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and lora_a.stride(-1) == 1
+    assert lora_b.stride(-1) == 1 and (act is None or norm is None) and (residual is None or norm is not None)
+    assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
+    n = lora_b.shape[2]
+    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    if splits is None:
+        splits = shrink_splits(t, r2, k, x.device)
+    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    splits = triton.cdiv(k, k_split)  # rounding the ranges up to whole tiles may leave fewer
+    partials = torch.empty(splits, t, r2, dtype=torch.float32, device=x.device)
+    norm_weight, eps = norm if norm is not None else (x, 0.0)
+    sum_sq = torch.empty(splits, t, dtype=torch.float32, device=x.device) if norm is not None else None
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(-1) == 1
+    res = residual if residual is not None else x
+    _shrink_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(r2, BLOCK_R), splits)](
+        x,
+        lora_a,
+        token_slots,
+        sorted_tokens,
+        slot_start,
+        partials,
+        norm_weight,
+        sum_sq if sum_sq is not None else partials,
+        res,
+        k,
+        k_split,
+        r2,
+        x.stride(0),
+        res.stride(0),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        partials.stride(0),
+        partials.stride(1),
+        sum_sq.stride(0) if sum_sq is not None else 0,
+        NUM_SLOTS=num_slots,
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_K=BLOCK_K,
+        PROLOGUE=NORM.value if norm is not None else ACTS[act] if act else 0,
+        HAS_RESIDUAL=residual is not None,
+        UPCAST=dot_upcast(),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # a float32 model's sums stay float32
+        FIX_BF16=fix_bf16(),
+    )
+    return LoRADelta(
+        partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank
+    )
+
+
 def lora_add_(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -224,84 +363,22 @@ def lora_add_(
     *,
     act: str | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y [T, out] += each adapted token's (u A^T) B, in place; returns y. u is x [T, in], or made from x inside
-    the shrink: `act` ("silu", "gelu_tanh"): x is a gated MLP's [gate | up] [T, 2 * in] and u = act(gate) * up
-    (a down projection's input); `norm` (weight [in], eps): x is the residual stream h and u = weight * rmsnorm(h)
-    (a pre-norm block's). `token_slots`: each row's slot; `sorted_tokens`, `slot_start`: the step's rows grouped
-    by slot (see above); `output_sizes`: the parts of a fused projection, each fed by `max_rank` rows of B;
-    `splits`: the shrink's split-K (`shrink_splits` if None)."""
-    num_slots, r2, k = lora_a.shape
-    t, n = y.shape
-    assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and y.stride(-1) == 1
-    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1 and (act is None or norm is None)
-    assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
-    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
-    if splits is None:
-        splits = shrink_splits(t, r2, k, x.device)
-    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
-    splits = triton.cdiv(k, k_split)  # rounding the ranges up to whole tiles may leave fewer
-    shrunk = torch.empty(splits, t, r2, dtype=torch.float32, device=x.device)
-    norm_weight, eps = norm if norm is not None else (x, 0.0)
-    sum_sq = torch.empty(splits, t, dtype=torch.float32, device=x.device) if norm is not None else shrunk
-    prologue = NORM.value if norm is not None else ACTS[act] if act else 0
-    upcast = dot_upcast()
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # a float32 model's sums stay float32 (no TF32)
-    m_tiles = triton.cdiv(t, BLOCK_M)
-    _shrink_kernel[(m_tiles, triton.cdiv(r2, BLOCK_R), splits)](
+    """y [T, out] += each adapted token's (u A^T) B in place, u made from x as `lora_shrink` says: the shrink,
+    then the expand. Returns y."""
+    delta = lora_shrink(
         x,
         lora_a,
-        token_slots,
-        sorted_tokens,
-        slot_start,
-        shrunk,
-        norm_weight,
-        sum_sq,
-        k,
-        k_split,
-        r2,
-        x.stride(0),
-        lora_a.stride(0),
-        lora_a.stride(1),
-        shrunk.stride(0),
-        shrunk.stride(1),
-        sum_sq.stride(0),
-        NUM_SLOTS=num_slots,
-        BLOCK_M=BLOCK_M,
-        BLOCK_R=BLOCK_R,
-        BLOCK_K=BLOCK_K,
-        PROLOGUE=prologue,
-        UPCAST=upcast,
-        PRECISION=precision,
-        FIX_BF16=fix_bf16(),
-    )
-    _expand_add_kernel[(m_tiles, triton.cdiv(n, BLOCK_N))](
-        y,
-        shrunk,
         lora_b,
         token_slots,
         sorted_tokens,
         slot_start,
-        sum_sq,
-        n,
-        offsets[0],
-        offsets[1],
+        output_sizes,
         max_rank,
         splits,
-        k,
-        eps,
-        y.stride(0),
-        shrunk.stride(0),
-        shrunk.stride(1),
-        lora_b.stride(0),
-        lora_b.stride(1),
-        sum_sq.stride(0),
-        NUM_SLOTS=num_slots,
-        BLOCK_M=BLOCK_M,
-        BLOCK_R=BLOCK_R,
-        BLOCK_N=BLOCK_N,
-        NORMED=norm is not None,
-        UPCAST=upcast,
-        PRECISION=precision,
+        act=act,
+        norm=norm,
+        residual=residual,
     )
-    return y
+    return delta.add_to_(y)

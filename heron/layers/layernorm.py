@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -15,6 +16,9 @@ from torch import nn
 from heron.kernels.reference import fused_add_rms_norm_ref, rms_norm_linear_ref, rms_norm_ref
 from heron.layers.device_ops import DeviceOps
 from heron.layers.linear import ColumnParallelLinear, default_weight_loader
+
+if TYPE_CHECKING:
+    from heron.kernels.lora import LoRADelta
 
 
 class _OffsetWeight:
@@ -78,7 +82,12 @@ class NormLinear(_OffsetWeight, DeviceOps):
         else:
             self._norm_linear = rms_norm_linear_ref
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, lora: LoRADelta | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`lora` (CUDA): plus a LoRA delta whose shrink has run on the same x and residual."""
+        if lora is not None:
+            return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias, lora=lora)
         return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias)
 
 
@@ -91,10 +100,12 @@ def _door_norm_linear(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The door's `rms_norm_linear` (op) with proj's matmul plans and FP8 scales read at each call, not at
     binding: this module may be moved before proj, whose move then replaces its tensors."""
-    return op(x, residual, norm_weight, eps, weight, bias, plans=proj.matmul_plans, weight_scale=proj.weight_scale)
+    plans, scale = proj.matmul_plans, proj.weight_scale
+    return op(x, residual, norm_weight, eps, weight, bias, plans=plans, weight_scale=scale, lora=lora)
 
 
 def _norm_then_proj(

@@ -23,6 +23,7 @@ weight; a row-parallel layer's columns split by whole groups.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,9 @@ from heron.kernels.reference import (
     silu_mul_linear_ref,
 )
 from heron.layers.device_ops import DeviceOps
+
+if TYPE_CHECKING:
+    from heron.kernels.lora import LoRADelta
 
 
 def divide(size: int, world_size: int, what: str) -> int:
@@ -234,7 +238,11 @@ class RowParallelLinear(QuantizedWeight, DeviceOps):
         else:
             self._linear = silu_mul_linear_ref if self.swiglu else gelu_tanh_mul_linear_ref if self.geglu else F.linear
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoRADelta | None = None) -> torch.Tensor:
+        """`lora` (CUDA, one rank): plus a LoRA delta whose shrink has run, added by the matmul door."""
+        if lora is not None:
+            assert self.tp_size == 1, "LoRA runs on one tensor-parallel rank"
+            return self._linear(x, self.weight, self.bias, lora=lora)
         if self.tp_size == 1:
             return self._linear(x, self.weight, self.bias)
         y = tensor_model_parallel_all_reduce(self._linear(x, self.weight))

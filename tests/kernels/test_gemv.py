@@ -195,6 +195,75 @@ def test_fp8_weights(m, cfg, prologue):
     _check(got, x_in, w, b, f"fp8 {prologue} {cfg}")
 
 
+LORA_CASES = [  # (rows, config, prologue, the rows' slots, a float8 weight)
+    (1, GemvConfig(16, 64, dot=False), "none", [1], False),  # 16-column tiles across both part boundaries
+    (1, GemvConfig(16, 64, split_k=2, dot=False), "silu_mul", [0], False),  # the last split's epilogue
+    (1, GemvConfig(16, 32, dot=False), "rms_norm", [2], False),
+    (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [1], True),
+    (1, GemvConfig(16, 64, dot=False), "none", [-1], False),  # the base model's row: nothing added
+    (3, GemvConfig(32, 64, split_k=3), "rms_norm_residual", [1, -1, 0], False),  # the expand kernel after
+]
+
+
+@pytest.mark.parametrize("m,cfg,prologue,slots,fp8", LORA_CASES)
+def test_lora_delta_in_the_epilogue(m, cfg, prologue, slots, fp8, monkeypatch):
+    """A projection plus its LoRA delta (heron/kernels/lora.py's shrink, over the same prologue's input) equals
+    F.linear plus the dense reference's delta; one row on the FMA path adds it in the GEMV's epilogue (the
+    expand kernel never runs), more rows run the expand after."""
+    import numpy as np
+
+    from heron.executor.lora_manager import group_by_slot
+    from heron.kernels.lora import LoRADelta, lora_shrink
+    from heron.kernels.reference import lora_ref
+
+    gen = torch.Generator().manual_seed(m + len(prologue))
+    sizes, rank, k = [40, 24, 36], 4, 200
+    a = (torch.randn(3, 3 * rank, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
+    lb = torch.randn(3, 3 * rank, 100, generator=gen)
+    for p in range(3):  # block-diagonal: part p's rank rows feed only its columns
+        keep = torch.zeros(100, dtype=torch.bool)
+        keep[sum(sizes[:p]) : sum(sizes[: p + 1])] = True
+        lb[:, p * rank : (p + 1) * rank, ~keep] = 0
+    lb = lb.to(DEVICE, torch.bfloat16)
+    token_slots = torch.tensor(slots)
+    order, starts = group_by_slot(np.array(slots), 3)
+    mapping = [t.to(DEVICE) for t in (token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
+    if fp8:
+        wq, scale = _fp8_weight(100, k, gen)
+        w = wq.float() * scale
+    else:
+        wq, scale = (torch.randn(100, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16), None
+        w = wq
+    x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, generator=gen).to(DEVICE, torch.bfloat16)
+    residual = torch.randn(m, k, generator=gen).to(DEVICE, torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(DEVICE, torch.bfloat16)
+    b = torch.randn(100, generator=gen).to(DEVICE, torch.bfloat16)
+    shrink = {}
+    if prologue == "silu_mul":
+        shrink, u = {"act": "silu"}, silu_and_mul_ref(x)
+    elif prologue.startswith("rms_norm"):
+        res = residual if prologue.endswith("residual") else None
+        shrink = {"norm": (norm_w, 1e-6), "residual": res}
+        u = rms_norm_ref(x, norm_w, 1e-6, res)[0] if res is not None else rms_norm_ref(x, norm_w, 1e-6)
+    else:
+        u = x
+    delta = lora_shrink(x, a, lb, *mapping, sizes, rank, 2, **shrink)
+    if m == 1:
+        monkeypatch.setattr(LoRADelta, "add_to_", lambda *_: pytest.fail("the expand kernel ran at one row"))
+    if prologue == "silu_mul":
+        got = gemv_silu_mul(x, wq, b, config=cfg, weight_scale=scale, lora=delta)
+    elif prologue.startswith("rms_norm"):
+        got, _ = gemv_rms_norm(x, shrink["residual"], norm_w, 1e-6, wq, b, config=cfg, weight_scale=scale, lora=delta)
+    else:
+        got = gemv(x, wq, b, config=cfg, weight_scale=scale, lora=delta)
+    want = torch.nn.functional.linear(u.float(), w.float(), b.float())
+    want += lora_ref(u.float(), a.float(), lb.float(), token_slots.to(DEVICE))
+    assert rel_err(got, want) < 1e-2, f"{prologue} {cfg}"
+    plain = torch.nn.functional.linear(u.float(), w.float(), b.float())
+    for row in (token_slots < 0).nonzero().flatten().tolist():  # the base model's rows: nothing added
+        assert rel_err(got[row], plain[row]) < 1e-2
+
+
 def test_use_gemv_takes_fp8_weights_with_their_scales_only():
     wq, scale = _fp8_weight(32, 64, torch.Generator().manual_seed(0))
     x = torch.randn(4, 64).to(DEVICE, torch.bfloat16)

@@ -87,27 +87,33 @@ PROLOGUE_CASES = [  # (tokens' slots, in, output parts, max_rank, each slot's ra
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("prologue", ["silu", "gelu_tanh", "norm"])
+@pytest.mark.parametrize("prologue", ["silu", "gelu_tanh", "norm", "norm_residual"])
 @pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), PROLOGUE_CASES)
 def test_the_shrink_makes_its_input_as_the_references_do(
     slots, in_size, out_sizes, max_rank, ranks, splits, prologue, dtype
 ):
-    """A down projection's input from [gate | up], a pre-norm block's from the residual stream: the delta equals
-    the dense reference's over the references' input (the norm rounds h * weight once where rms_norm_ref
-    rounds twice: within the bf16 tolerance)."""
+    """A down projection's input from [gate | up], a pre-norm block's from the residual stream (h = x, or x +
+    residual added in the shrink): the delta equals the dense reference's over the references' input (the norm
+    rounds h * weight once where rms_norm_ref rounds twice: within the bf16 tolerance)."""
     gen = torch.Generator().manual_seed(len(slots) + len(prologue))
     a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
-    x = torch.randn(len(slots), 2 * in_size if prologue != "norm" else in_size, generator=gen) * 2
+    x = torch.randn(len(slots), in_size if prologue.startswith("norm") else 2 * in_size, generator=gen) * 2
+    residual = torch.randn(len(slots), in_size, generator=gen)
     weight = torch.rand(in_size, generator=gen) + 0.5
     y = torch.randn(len(slots), sum(out_sizes), generator=gen)
-    a, b, x, y, weight = (t.to(dtype) for t in (a, b, x, y, weight))
+    a, b, x, y, weight, residual = (t.to(dtype) for t in (a, b, x, y, weight, residual))
     make = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}.get(prologue)
-    u = make(x) if make else rms_norm_ref(x, weight, 1e-5)
+    if make:
+        u, kwargs = make(x), {"act": prologue}
+    elif prologue == "norm":
+        u, kwargs = rms_norm_ref(x, weight, 1e-5), {"norm": (weight.to(DEVICE), 1e-5)}
+    else:
+        u = rms_norm_ref(x, weight, 1e-5, residual)[0]
+        kwargs = {"norm": (weight.to(DEVICE), 1e-5), "residual": residual.to(DEVICE)}
     token_slots = torch.tensor(slots)
     want = y.float() + lora_ref(u.float(), a.float(), b.float(), token_slots)
     order, starts = group_by_slot(np.array(slots), len(ranks))
     args = [t.to(DEVICE) for t in (y, x, a, b, token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
-    kwargs = {"act": prologue} if make else {"norm": (weight.to(DEVICE), 1e-5)}
     got = lora_add_(*args, out_sizes, max_rank, splits, **kwargs)
     assert rel_err(got.cpu(), want) < TOL[dtype]
     base = token_slots < 0

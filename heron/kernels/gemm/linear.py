@@ -14,6 +14,8 @@ quantization; past 16 rows the W8A8 GEMM (`fp8_linear`) runs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
@@ -23,6 +25,9 @@ from heron.kernels.gemm.plans import MatmulPlans
 from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
+if TYPE_CHECKING:
+    from heron.kernels.lora import LoRADelta
+
 
 def linear(
     x: torch.Tensor,
@@ -30,14 +35,18 @@ def linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight
-    (or, for a float8 weight with `weight_scale`, the FP8 GEMM)."""
+    (or, for a float8 weight with `weight_scale`, the FP8 GEMM); plus the `lora` delta (in the GEMV's epilogue
+    at batch 1, else by its expand kernel after)."""
     if use_gemv(x, weight, bias, weight_scale):
-        return gemv(x, weight, bias, weight_scale=weight_scale)
+        return gemv(x, weight, bias, weight_scale=weight_scale, lora=lora)
     if weight_scale is not None:
-        return fp8_linear(x, weight, bias, weight_scale=weight_scale)
-    return blas_linear(x, weight, bias, plans)
+        y = fp8_linear(x, weight, bias, weight_scale=weight_scale)
+    else:
+        y = blas_linear(x, weight, bias, plans)
+    return y if lora is None else lora.add_to_(y)
 
 
 def silu_mul_linear(
@@ -46,11 +55,12 @@ def silu_mul_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes."""
     if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, weight_scale):
-        return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale)
-    return linear(silu_and_mul(gate_up), weight, bias, plans, weight_scale)
+        return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale, lora=lora)
+    return linear(silu_and_mul(gate_up), weight, bias, plans, weight_scale, lora)
 
 
 def gelu_tanh_mul_linear(
@@ -59,10 +69,11 @@ def gelu_tanh_mul_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> torch.Tensor:
     """linear(gelu_tanh(gate) * up) (GeGLU's down projection): the activation kernel, then the projection. Never
     the GEMV's fused prologue, which computes SiLU."""
-    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans, weight_scale)
+    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans, weight_scale, lora)
 
 
 def rms_norm_linear(
@@ -74,14 +85,16 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
+    lora: LoRADelta | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's entry: (linear(rmsnorm(x + residual)), x + residual); without a residual (the first
-    layer) x itself is the residual. One GEMV kernel at decode sizes."""
+    layer) x itself is the residual. One GEMV kernel at decode sizes. `lora`: as `linear`'s, its shrink normed
+    from the same x + residual."""
     fits = use_gemv(x, weight, bias, weight_scale) and norm_weight.dtype == x.dtype
     if fits and (residual is None or residual.stride(-1) == 1):
-        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale)
+        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale, lora=lora)
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x
     else:
         normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return linear(normed, weight, bias, plans, weight_scale), residual
+    return linear(normed, weight, bias, plans, weight_scale, lora), residual

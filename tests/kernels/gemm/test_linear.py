@@ -41,27 +41,53 @@ def _w(x, weight, weight_scale=None):
     return weight if weight_scale is None else (weight.float() * weight_scale).to(x.dtype)
 
 
-def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, weight_scale=None, **_):
+class _RefDelta:
+    """What the shrink's recorder returns in place of a LoRADelta: the delta itself, from the references."""
+
+    def __init__(self, delta: torch.Tensor) -> None:
+        self.delta = delta
+
+    def add_to_(self, y: torch.Tensor) -> torch.Tensor:
+        return y.add_(self.delta)
+
+
+def _plus(y, lora):
+    return y if lora is None else lora.add_to_(y)
+
+
+def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, weight_scale=None, lora=None, **_):
     if residual is None:
-        return F.linear(reference.rms_norm_ref(x, norm_weight, eps), _w(x, weight, weight_scale), bias), x
-    normed, h = reference.rms_norm_ref(x, norm_weight, eps, residual)
-    return F.linear(normed, _w(x, weight, weight_scale), bias), h
+        normed, h = reference.rms_norm_ref(x, norm_weight, eps), x
+    else:
+        normed, h = reference.rms_norm_ref(x, norm_weight, eps, residual)
+    return _plus(F.linear(normed, _w(x, weight, weight_scale), bias), lora), h
 
 
-def _lora_add_(y, x, a, b, slots, sorted_tokens, slot_start, sizes, rank, splits=None, act=None, norm=None):
-    u = ACT_REFS[act](x) if act else reference.rms_norm_ref(x, *norm) if norm else x
-    return y.add_(reference.lora_ref(u, a, b, slots))
+def _lora_shrink(
+    x, a, b, slots, sorted_tokens, slot_start, sizes, rank, splits=None, *, act=None, norm=None, residual=None
+):
+    if act:
+        u = ACT_REFS[act](x)
+    elif norm and residual is not None:
+        u = reference.rms_norm_ref(x, *norm, residual)[0]
+    else:
+        u = reference.rms_norm_ref(x, *norm) if norm else x
+    return _RefDelta(reference.lora_ref(u, a, b, slots))
 
 
 KERNELS = {  # name -> (modules that hold it, its reference)
     "gemv": (
         (gemv, door),
-        lambda x, w, b=None, out=None, weight_scale=None, **_: F.linear(x, _w(x, w, weight_scale), b),
+        lambda x, w, b=None, out=None, weight_scale=None, lora=None, **_: _plus(
+            F.linear(x, _w(x, w, weight_scale), b), lora
+        ),
     ),
     "gemv_rms_norm": ((gemv, door), _gemv_rms_norm),
     "gemv_silu_mul": (
         (gemv, door),
-        lambda x, w, b=None, weight_scale=None, **_: reference.silu_mul_linear_ref(x, _w(x, w, weight_scale), b),
+        lambda x, w, b=None, weight_scale=None, lora=None, **_: _plus(
+            reference.silu_mul_linear_ref(x, _w(x, w, weight_scale), b), lora
+        ),
     ),
     "rms_norm": ((rmsnorm, door), lambda x, w, eps, out=None: reference.rms_norm_ref(x, w, eps)),
     "fused_add_rms_norm": ((rmsnorm, door), lambda x, r, w, eps, **_: reference.rms_norm_ref(x, w, eps, r)),
@@ -73,7 +99,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
     "topk_softmax": ((fused_moe,), reference.topk_softmax_ref),
     "fused_experts": ((fused_moe,), reference.fused_experts_ref),
     "moe_gemv": ((fused_moe,), reference.fused_moe_ref),
-    "lora_add_": ((lora,), _lora_add_),
+    "lora_shrink": ((lora,), _lora_shrink),
     "int4_linear": ((int4,), reference.int4_linear_ref),
     "fp8_linear": ((door,), reference.fp8_linear_ref),
 }
@@ -97,8 +123,9 @@ def launches(monkeypatch):
     return calls
 
 
-def _step(model, cfg, rows: int, decode: bool):
-    """`rows` sequences, one new token each (decode) or a prompt of `rows` tokens (prefill)."""
+def _step(model, cfg, rows: int, decode: bool, wrap=_fake):
+    """`rows` sequences, one new token each (decode) or a prompt of `rows` tokens (prefill), with the same
+    tokens on every call; its tensors "on CUDA" (`wrap` _plain: on the CPU)."""
     lens = [9] * rows if decode else [rows]
     q_lens = [1] * rows if decode else [rows]
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -108,24 +135,26 @@ def _step(model, cfg, rows: int, decode: bool):
     meta = AttentionMetadata(
         num_seqs=len(lens),
         num_tokens=int(qsl[-1]),
-        query_start_loc=_fake(qsl),
-        seq_lens=_fake(seq_lens),
-        block_tables=_fake(torch.arange(len(lens) * 8, dtype=torch.int32).view(len(lens), 8)),
-        slot_mapping=_fake(slots),
+        query_start_loc=wrap(qsl),
+        seq_lens=wrap(seq_lens),
+        block_tables=wrap(torch.arange(len(lens) * 8, dtype=torch.int32).view(len(lens), 8)),
+        slot_mapping=wrap(slots),
         max_query_len=max(q_lens),
         max_seq_len=max(lens),
         query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,
     )
-    hidden = model(_fake(torch.randint(0, cfg.vocab_size, (int(qsl[-1]),))), _fake(positions), meta)
+    tokens = torch.randint(0, cfg.vocab_size, (int(qsl[-1]),), generator=torch.Generator().manual_seed(rows))
+    hidden = model(wrap(tokens), wrap(positions), meta)
     return model.compute_logits(hidden[qsl[1:].long() - 1])
 
 
-def _to_fake_cuda(module: torch.nn.Module) -> None:
-    """`module` "moved to CUDA" (its tensors replaced, as a move replaces them): its layers bind their CUDA ops."""
+def _to_fake_cuda(module: torch.nn.Module, wrap=_fake) -> None:
+    """`module` "moved to CUDA" (its tensors replaced, as a move replaces them): its layers bind their CUDA ops
+    (`wrap` _plain: back on the CPU, with its references)."""
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        module._apply(_fake)
+        module._apply(wrap)
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
 
@@ -218,23 +247,36 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
 
 
 def test_a_lora_layer_adds_one_kernel_per_projection_that_makes_its_own_input(launches):
-    """With adapters on every projection, each adds the LoRA kernel after the base's GEMV and nothing else: the
-    normed input of q/k/v and gate/up and down's silu(gate) * up are made inside it (no norm or activation
-    launch of their own)."""
+    """With adapters on every projection, each adds one launch, the shrink, before the base's GEMV, which adds the
+    delta: the shrink makes its input as it reads the layer's (q/k/v's and gate/up's normed x + residual, down's
+    silu(gate) * up), with no norm or activation launch of its own. The logits equal the CPU path's (the base
+    projection, then the dense reference's delta of its input)."""
     model, cfg = _on_fake_cuda("Qwen3ForCausalLM")
     none = _fake(torch.zeros(0, dtype=torch.long))
     mapping = LoRAMapping(_fake(torch.tensor([0, 1, -1, 0])), none, none)
-    stacks = add_lora(model, max_loras=2, max_rank=4, mapping=mapping)
-    for st in stacks.values():
-        _to_fake_cuda(st)
-        st.lora_a.normal_()
-        st.lora_b.normal_()
-    layer = ["gemv_rms_norm", "lora_add_", "apply_rope_and_cache", "gemv", "lora_add_"]
-    layer += ["gemv_rms_norm", "lora_add_", "gemv_silu_mul", "lora_add_"]
+    add_lora(model, max_loras=2, max_rank=4, mapping=mapping)
+    _to_fake_cuda(model)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if "lora_" in name:
+                buf.normal_(0, 0.3)
+    layer = ["lora_shrink", "gemv_rms_norm", "apply_rope_and_cache", "lora_shrink", "gemv"]
+    layer += ["lora_shrink", "gemv_rms_norm", "lora_shrink", "gemv_silu_mul"]
     with torch.inference_mode():
         logits = _step(model, cfg, 4, decode=True)
-    assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
-    assert torch.isfinite(_plain(logits)).all()
+        assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
+        _to_fake_cuda(model, _plain)
+        mapping.token_slots = _plain(mapping.token_slots)
+        for block in model.layers:
+            block.self_attn.kv_cache = _plain(block.self_attn.kv_cache)
+        want = _step(model, cfg, 4, decode=True, wrap=_plain)
+        for name, buf in model.named_buffers():
+            if "lora_" in name:
+                buf.zero_()
+        base = _step(model, cfg, 4, decode=True, wrap=_plain)
+    torch.testing.assert_close(_plain(logits), want, rtol=2e-2, atol=2e-2)
+    adapted = torch.tensor([0, 1, -1, 0]) >= 0  # the adapters changed their rows' logits, and only theirs
+    assert (want - base).abs()[adapted].amax(1).min() > 0.1 and torch.equal(want[~adapted], base[~adapted])
 
 
 def test_an_int4_layer_runs_the_w4a16_kernel_after_its_norm_and_activation(launches):
