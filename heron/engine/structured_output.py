@@ -150,8 +150,10 @@ class StructuredOutputManager:
         return future
 
     def matcher(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> xgr.GrammarMatcher:
-        """A sequence's matcher: it ends on the model's EOS tokens (those the engine stops on)."""
-        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None)
+        """A sequence's matcher: it ends on the model's EOS tokens (those the engine stops on) that the tokenizer
+        has; where it has none of them (a model served with another model's tokenizer), on the tokenizer's own."""
+        stops = [t for t in stop_token_ids if t < self.mask_vocab]
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops or None)
         self._stop_ids.update(matcher.stop_token_ids)
         return matcher
 

@@ -79,6 +79,18 @@ def test_the_matcher_and_its_mask_follow_a_choice(embedded_tokenizer):
     assert matcher.accept_token(eos) and matcher.is_terminated()
 
 
+def test_stop_tokens_past_the_tokenizer_are_left_to_the_tokenizers_own(embedded_tokenizer):
+    """A model's EOS id the tokenizer does not have (a model served with another's tokenizer, as the structured
+    benchmark does): the matcher keeps the stop ids it has, and with none of them ends on the tokenizer's EOS."""
+    vocab = len(embedded_tokenizer)
+    manager = StructuredOutputManager(embedded_tokenizer, vocab + 1000, 2, torch.device("cpu"))
+    eos, outside = embedded_tokenizer.eos_token_id, vocab + 500
+    compiled = manager.compile(S(choice=["yes"])).result()
+    assert manager.matcher(compiled, [outside, eos]).stop_token_ids == [eos]
+    alone = manager.matcher(compiled, [outside])
+    assert eos in alone.stop_token_ids and outside not in alone.stop_token_ids
+
+
 def test_batched_accept_and_masks_equal_each_matchers_own_on_padded_logits(embedded_tokenizer, monkeypatch):
     """The manager's accept (xgrammar's batch accept, split between threads) and masks (filled for the tokenizer's
     ids, widened to the logits) against plain matchers on a vocabulary as wide as the logits, as before."""
