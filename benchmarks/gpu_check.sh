@@ -113,6 +113,9 @@ for s in $SECTIONS; do case $s in
         --gpu-monitor --save-result --result-name offline-gpumon-qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   profile-prefix) run profile-prefix python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b prefix ;;  # issue 26
+  profile-lora)  # issue 25: the LoRA workload's timeline, kernels of its decode steps at 256 and 128, two prefills
+    python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
+    run profile-lora python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b lora /tmp/loras-qwen3-8b/lora* ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   latency)

@@ -8,6 +8,7 @@ chunk); and the offline benchmark's workload step by step (wall time by kind of 
 
     python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many
     prefix; default all but many and prefix)
+    python benchmarks/gpu_profile.py SHAPE_DIR lora ADAPTER_DIR ...   (issue 25's workload)
 """
 
 from __future__ import annotations
@@ -151,12 +152,19 @@ def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
 
 
 def timeline(
-    llm: LLM, profile_at: tuple[int, ...] = (200, 100), profile_steps: int = 8, requests: list | None = None
+    llm: LLM,
+    profile_at: tuple[int, ...] = (200, 100),
+    profile_steps: int = 8,
+    requests: list | None = None,
+    profile_from: int | None = None,
+    loras: list | None = None,
 ) -> None:
     """The offline benchmark's workload (by default 256 requests, 100-1024 in / out) step by step: the wall
     time between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
     first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
-    kernels and idle gaps printed; the profiler slows those steps a little)."""
+    kernels and idle gaps printed; the profiler slows those steps a little), and so do `profile_steps` steps
+    from step `profile_from` whatever they are (a job's first prefill steps). `loras`: LoRARequests that the
+    requests take round robin."""
     from heron.bench.datasets import random_token_requests
 
     engine = llm.engine
@@ -176,13 +184,17 @@ def timeline(
             SamplingParams(
                 temperature=0.6, max_tokens=r.output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
             ),
+            lora_request=loras[i % len(loras)] if loras else None,
         )
     torch.cuda.synchronize()
     times, start = [], time.perf_counter()
     pending, prof, left = sorted(profile_at, reverse=True), None, 0
     while engine.has_unfinished():
-        if prof is None and pending and shapes and shapes[-1][0] == shapes[-1][1] and shapes[-1][0] <= pending[0]:
-            pending.pop(0)
+        decoding = shapes and shapes[-1][0] == shapes[-1][1]
+        at_decode = pending and decoding and shapes[-1][0] <= pending[0]
+        if prof is None and (at_decode or len(times) == profile_from):
+            if at_decode:
+                pending.pop(0)
             prof, left, first = (
                 torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]),
                 profile_steps,
@@ -196,9 +208,12 @@ def timeline(
         if prof is not None and left == 0:
             torch.cuda.synchronize()
             prof.stop()
+            steps = ", ".join(
+                f"{n} seqs / {t} tokens {1000 * dt:.1f} ms" for (n, t), dt in zip(shapes[first:], times[first:])
+            )
             _print_kernels(
                 prof,
-                f"decode steps from batch {shapes[first][0]} (context ~{_mean_context(engine):.0f})",
+                f"steps {first}..{len(times) - 1} ({steps}; context ~{_mean_context(engine):.0f})",
                 sum(times[first:]),
                 profile_steps,
             )
@@ -246,8 +261,9 @@ def many(llm: LLM, num_prompts: int = 20000) -> None:
 
 def prefix(llm: LLM) -> None:
     """Issue 26's workload (16 system prompts of 2,000 tokens x 32 requests, each + a 50-200 token question,
-    outputs 64-256): its timeline, with the kernels of a few decode steps at batch 256 and 128 (the cascade's
-    prefix kernel beside the decode kernel), and how many decode and mixed steps ran the cascade."""
+    outputs 64-256): its timeline, with the kernels of its first prefill steps (past the first) and of a few
+    decode steps at batch 256 and 128 (the cascade's prefix kernel beside the decode kernel), and how many
+    decode and mixed steps ran the cascade."""
     from heron.bench.datasets import shared_prefix_requests
 
     backend = llm.engine.runner.backend
@@ -260,10 +276,20 @@ def prefix(llm: LLM) -> None:
 
     backend.prepare = counting
     try:
-        timeline(llm, profile_at=(256, 128), requests=shared_prefix_requests())
+        timeline(llm, profile_at=(256, 128), requests=shared_prefix_requests(), profile_from=2)
     finally:
         backend.prepare = prepare
     print("planned steps (kind, cascade): " + ", ".join(f"{k} {c}: {n}" for (k, c), n in sorted(steps.items())))
+
+
+def lora(shape_dir: str, adapters: list[str]) -> None:
+    """Issue 25's workload: the offline one with the adapters round robin (`gpu_check.sh lora` makes them), its
+    timeline with the kernels of a few decode steps at batch 256 and 128 and of two prefill steps."""
+    from heron.lora_request import LoRARequest
+
+    llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, enable_lora=True, max_loras=8, max_lora_rank=16)
+    loras = [LoRARequest(f"lora{i}", i + 1, path) for i, path in enumerate(adapters)]
+    timeline(llm, profile_at=(256, 128), profile_from=1, profile_steps=2, loras=loras)
 
 
 def _mean_context(engine) -> float:
@@ -272,6 +298,8 @@ def _mean_context(engine) -> float:
 
 
 def main(shape_dir: str, parts: list[str]) -> None:
+    if parts[0] == "lora":
+        return lora(shape_dir, parts[1:])
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096)
     if "phases" in parts:
         for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
