@@ -4,7 +4,8 @@ groups, each group sharing a 2,000-token prefix, each sequence 50-450 tokens of 
 (prefix kernel + decode kernel over the suffixes with the merge), and sweeps the prefix kernel's tile, warps,
 stages and partitions. Outputs are checked against the plain kernel.
 
-    python benchmarks/cascade_probe.py
+    python benchmarks/cascade_probe.py           (the sweep)
+    python benchmarks/cascade_probe.py eager     (an eager mixed step's launches, host time)
 """
 
 from __future__ import annotations
@@ -112,5 +113,55 @@ def main() -> None:
             )
 
 
+def eager_mixed() -> None:
+    """The host time of a mixed step's cascade launches run eagerly (past the captured graphs' 2,048 tokens): 106
+    sequences, 100 of them decode rows sharing their group's prefix and 6 prompt chunks, 8,192 query rows in all,
+    Qwen3-0.6B's heads, each layer's prefix then decode launch timed on the host without a sync (the prefix
+    workload's profile showed the GPU idle ~7.5 ms between the two in every layer of such steps)."""
+    import statistics
+    import time
+
+    dev = torch.device("cuda")
+    tables, lens, num_blocks = structure(np.random.default_rng(1), batch=106)
+    batch, bs, d, heads, kv_heads, decode_rows = len(lens), 16, 128, 16, 8, 100
+    q_lens = np.ones(batch, dtype=np.int32)
+    q_lens[decode_rows:] = (8192 - decode_rows) // (batch - decode_rows)
+    q_lens[-1] += 8192 - int(q_lens.sum())
+    qsl = torch.from_numpy(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)).to(dev)
+    cache = torch.randn(2, num_blocks, bs, kv_heads, d, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(8192, heads, d, device=dev, dtype=torch.bfloat16)
+    bt, sl = torch.from_numpy(tables).to(dev), torch.from_numpy(lens).to(dev)
+    planner = CascadePlanner(batch, cascade.tile_seqs(heads, kv_heads, 64), bs, kv_heads * d * 4)
+    packed = np.zeros(planner.size, dtype=np.int32)
+    planner.write(packed, batch, planner.groups(tables, np.where(q_lens == 1, lens, 0)))
+    kv_start, tile_len, members = planner.views(torch.from_numpy(packed).to(dev), batch)
+    prefix_ws = cascade.make_prefix_workspace(batch, heads, d, dev)
+    parts = default_num_partitions(batch, kv_heads, dev)
+    ws = make_decode_workspace(batch, heads, kv_heads, d, parts, dev) if parts > 1 else None
+    out = torch.empty_like(q)
+    host: dict[str, list[float]] = {"prefix": [], "decode": []}
+    for _ in range(3 * 28):  # three steps of 28 layers; the first call compiles
+        t0 = time.perf_counter()
+        prefix = cascade.cascade_prefix_attention(
+            q, cache, bt, tile_len, members, d**-0.5, prefix_ws, query_start_loc=qsl
+        )
+        t1 = time.perf_counter()
+        paged_decode_attention(
+            q, cache, bt, sl, d**-0.5, out=out, num_partitions=parts, workspace=ws, query_start_loc=qsl,
+            kv_start=kv_start, prefix=prefix,
+        )  # fmt: skip
+        host["prefix"].append(t1 - t0)
+        host["decode"].append(time.perf_counter() - t1)
+    torch.cuda.synchronize()
+    for name, ts in host.items():
+        ms = [1e3 * t for t in ts[1:]]
+        print(
+            f"eager mixed {name} launch (host, no sync): first {1e3 * ts[0]:.1f} ms, then median "
+            f"{statistics.median(ms):.3f} ms, max {max(ms):.3f} ms over {len(ms)} calls (partitions {parts})"
+        )
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    eager_mixed() if sys.argv[1:] == ["eager"] else main()

@@ -146,6 +146,9 @@ for s in $SECTIONS; do case $s in
     # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
     run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
   cascade-probe) run cascade-probe python3 benchmarks/cascade_probe.py ;;  # one layer: plain vs cascade, a sweep
+  cascade-eager)  # issue 26: an eager mixed step's cascade launches, host time per call, with PDL and without
+    run cascade-eager python3 benchmarks/cascade_probe.py eager
+    HERON_PDL=0 run cascade-eager-nopdl python3 benchmarks/cascade_probe.py eager ;;
   throughput-8b)
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
