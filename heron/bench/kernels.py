@@ -11,7 +11,8 @@ against FlashInfer's kernels on the same inputs (`bench_vs_flashinfer`), saved a
 
 `python -m heron.bench.kernels --gemv [--sweep] [--only qwen|llama] [--rows 1,8,16,...]`: the decode weight GEMMs,
 heron.kernels.gemv against cuBLAS (and cuBLASLt past 16 rows) (`bench_gemv`); --sweep searches gemv's configs per
-shape. `--decode-only [--sweep]`: the decode kernel on the `kernels` case and two offline Qwen3-8B decode steps.
+shape; `--fp8`: the float8 GEMV against the bf16 one (`bench_gemv_fp8`).
+`--decode-only [--sweep]`: the decode kernel on the `kernels` case and two offline Qwen3-8B decode steps.
 
 `python -m heron.bench.kernels --moe [--sweep] [--rows 1,4,16,...]`: the fused MoE kernels on Qwen3-30B-A3B's experts
 (`bench_moe`); --sweep searches their configs per token count.
@@ -30,7 +31,7 @@ import torch
 
 from heron.bench.kernel_timing import compile_ahead, paged_batch, time_configs, time_graph
 from heron.bench.kernels_flashinfer import bench_vs_flashinfer
-from heron.bench.kernels_gemv import GEMV_ROWS, bench_gemv
+from heron.bench.kernels_gemv import GEMV_ROWS, bench_gemv, bench_gemv_fp8
 from heron.bench.kernels_moe import MOE_ROWS, bench_moe
 
 
@@ -234,6 +235,7 @@ def main() -> None:
         help="the one-pass sampler on Qwen3's vocabulary (with --sweep: other warps / splits)",
     )
     ap.add_argument("--only", help="with --gemv: only the models whose name contains this (qwen, llama)")
+    ap.add_argument("--fp8", action="store_true", help="with --gemv: the float8 GEMV against the bf16 one")
     ap.add_argument(
         "--rows",
         help=f"with --gemv / --sampling / --moe: comma-separated row counts (default: {','.join(map(str, GEMV_ROWS))}"
@@ -246,6 +248,9 @@ def main() -> None:
         return
     if args.moe:
         bench_moe(sweep=args.sweep, rows=tuple(int(r) for r in args.rows.split(",")) if args.rows else MOE_ROWS)
+        return
+    if args.gemv and args.fp8:
+        bench_gemv_fp8(sweep=args.sweep, only=args.only)
         return
     if args.gemv:
         rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMV_ROWS

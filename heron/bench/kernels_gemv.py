@@ -41,9 +41,11 @@ def _weight_copies(n: int, k: int, dev: torch.device) -> list[torch.Tensor]:
     return [torch.randn(n, k, device=dev, dtype=torch.bfloat16).mul_(k**-0.5) for _ in range(copies)]
 
 
-def _time_rotating(call, weights: list[torch.Tensor]) -> float:
-    """Seconds per call(w) in a CUDA graph cycling through the weight copies (>= 512 MiB of weights per replay)."""
-    nbytes = weights[0].numel() * weights[0].element_size()
+def _time_rotating(call, weights: list) -> float:
+    """Seconds per call(w) in a CUDA graph cycling through the weight copies (>= 512 MiB of weights per replay);
+    a copy is a tensor or a (float8 weight, scales) pair."""
+    w = weights[0][0] if isinstance(weights[0], tuple) else weights[0]
+    nbytes = w.numel() * w.element_size()
     it = itertools.cycle(weights)
     return time_graph(lambda: call(next(it)), iters=max(len(weights), 3, -(-(512 << 20) // nbytes)))
 
@@ -75,6 +77,66 @@ def _gemv_candidates(m: int, n: int, k: int, sms: int) -> list:
         if not dot or st * (bn + 16) * bk * 2 <= 200 << 10
         for s in splits(bn, bk)
     ]
+
+
+def _fp8_candidates(m: int, n: int, k: int, sms: int) -> list:
+    """`_gemv_candidates` unsplit, each tile's K doubled: a float8 weight's row of a tile holds twice the columns
+    of a 16-bit one's in the same bytes (`default_config` picks its tiles by bytes too)."""
+    from dataclasses import replace
+
+    return [replace(c, block_k=2 * c.block_k, split_k=1) for c in _gemv_candidates(m, n, 2 * k, sms) if c.split_k == 1]
+
+
+def bench_gemv_fp8(sweep: bool = False, only: str | None = None) -> None:
+    """The float8 GEMV (W8A16, a scale per row: FP8 checkpoints and `--quantization fp8`) against the bf16 GEMV on
+    the same per-layer shapes at 1, 8 and 16 rows, by CUDA-graph replay over rotating weight copies (TB/s counts
+    each one's weight bytes), and per model the sum over one decode step's layers. `sweep`: search tiles sized
+    for one-byte weights at 1 and 16 rows and print those beating the default by > 3%."""
+    from heron.kernels.gemm.fp8 import quantize_fp8_rows
+    from heron.kernels.gemv import gemv, pick_config
+
+    dev, start, found = torch.device("cuda"), time.perf_counter(), []
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"gemv fp8: {torch.cuda.get_device_name(dev)}, float8 e4m3 weights with row scales vs bf16")
+    for model, (layers, per_layer, _) in GEMV_MODELS.items():
+        if only and only.lower() not in model.lower():
+            continue
+        step = {m: [0.0, 0.0] for m in (1, 8, 16)}  # bf16 s, fp8 s per decode step's layers
+        for name, n, k in per_layer:
+            bf16 = _weight_copies(n, k, dev)
+            fp8 = [quantize_fp8_rows(w) for w in bf16]
+            print(f"{model} {name} N={n} K={k} ({n * k / 1e6:.1f} MB in float8, x{layers} per step)")
+            for m in (1, 8, 16):
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                t16 = _time_rotating(lambda w: gemv(x, w), bf16)
+                t8 = _time_rotating(lambda ws: gemv(x, ws[0], weight_scale=ws[1]), fp8)
+                step[m][0] += layers * t16
+                step[m][1] += layers * t8
+                print(
+                    f"  M={m:<3d} bf16 {t16 * 1e6:7.1f} us {2 * n * k / t16 / 1e12:5.2f} TB/s | fp8 {t8 * 1e6:7.1f} us "
+                    f"{n * k / t8 / 1e12:5.2f} TB/s x{t16 / t8:4.2f} {pick_config(m, n, k, fp8[0][0].dtype, dev)}"
+                )
+                if not sweep or m == 8:
+                    continue
+                timed = []
+                for cfg in _fp8_candidates(m, n, k, sms):
+                    try:
+                        timed.append(
+                            (_time_rotating(lambda ws, c=cfg: gemv(x, ws[0], weight_scale=ws[1], config=c), fp8), cfg)
+                        )
+                    except Exception:  # noqa: BLE001 - a config that does not compile or launch is skipped
+                        continue
+                timed.sort(key=lambda r: r[0])
+                for t, cfg in timed[:3]:
+                    print(f"    sweep M={m}: {t * 1e6:7.1f} us {n * k / t / 1e12:5.2f} TB/s x{t8 / t:4.2f} {cfg}")
+                if timed and timed[0][0] < 0.97 * t8:
+                    found.append(((1 if m == 1 else 16, n, k), timed[0][1], timed[0][0], t8))
+            del bf16, fp8
+        for m, (t16, t8) in step.items():
+            print(f"{model} M={m}: the layers' GEMVs bf16 {t16 * 1e6:8.1f} us, fp8 {t8 * 1e6:8.1f} us x{t16 / t8:4.2f}")
+    for key, cfg, t, t_def in found:
+        print(f"  fp8 (rows, N, K) {key}: {cfg!r}  # {t * 1e6:.1f} us, default {t_def * 1e6:.1f} us")
+    print(f"gemv fp8 bench: {time.perf_counter() - start:.0f} s")
 
 
 def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: dict, best: dict) -> None:
