@@ -59,23 +59,23 @@ then pays one launch per projection (the shrink) instead of two. Other shapes ru
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
+
+Length: one kernel with its host side and configs; the prologues, the float8 scales and the LoRA epilogue are
+compile-time switches of the same main loop and launch, so splitting them would split one kernel.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.lora import LoRADelta, lora_row_delta
 from heron.kernels.rmsnorm import fix_bf16, round_to
-
-if TYPE_CHECKING:
-    from heron.kernels.lora import LoRADelta
 
 MAX_M = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -138,43 +138,6 @@ def _load(ptrs, mask):
     else:
         v = tl.load(ptrs, mask=mask, other=0.0)
     return v
-
-
-@triton.jit
-def _lora_delta(
-    part_ptr,
-    b_ptr,
-    slot_ptr,
-    pid_n,
-    n,
-    N,
-    OFF1,
-    OFF2,
-    MAX_RANK,
-    SPLITS,
-    stride_split,
-    stride_bs,
-    stride_br,
-    R_PAD: tl.constexpr,
-    S_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Row 0's LoRA delta on output columns n (float32 [BLOCK_N]): its adapter's B rows of the parts these columns
-    belong to (B is block-diagonal over a fused projection's parts) times the shrink's sums, all of its splits'
-    partials read in one load. Zero for a row without an adapter (slot -1)."""
-    slot = tl.load(slot_ptr)
-    col_first = pid_n * BLOCK_N
-    col_last = tl.minimum(col_first + BLOCK_N, N) - 1
-    part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
-    part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
-    r = tl.arange(0, R_PAD)
-    r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
-    sp = tl.arange(0, S_PAD)
-    s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
-    s = tl.sum(tl.load(part_ptr + sp[:, None] * stride_split + r[None, :], mask=s_mask, other=0.0), axis=0)
-    b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
-    b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
-    return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])  # one binary for M 2..16 and for every split count
@@ -316,7 +279,7 @@ def _gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
     if LORA:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
-        delta = _lora_delta(
+        delta = lora_row_delta(
             lora_part_ptr,
             lora_b_ptr,
             lora_slot_ptr,

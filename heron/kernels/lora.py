@@ -213,6 +213,43 @@ def _expand_add_kernel(
     tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
+@triton.jit
+def lora_row_delta(
+    part_ptr,
+    b_ptr,
+    slot_ptr,
+    pid_n,
+    n,
+    N,
+    OFF1,
+    OFF2,
+    MAX_RANK,
+    SPLITS,
+    stride_split,
+    stride_bs,
+    stride_br,
+    R_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Row 0's delta on output columns n (float32 [BLOCK_N]), for a one-row GEMV's epilogue (heron/kernels/gemv.py):
+    its adapter's B rows of the parts these columns belong to times the shrink's sums, all of its splits' partials
+    read in one load. Zero for a row without an adapter (slot -1)."""
+    slot = tl.load(slot_ptr)
+    col_first = pid_n * BLOCK_N
+    col_last = tl.minimum(col_first + BLOCK_N, N) - 1
+    part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
+    part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
+    r = tl.arange(0, R_PAD)
+    r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
+    sp = tl.arange(0, S_PAD)
+    s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
+    s = tl.sum(tl.load(part_ptr + sp[:, None] * stride_split + r[None, :], mask=s_mask, other=0.0), axis=0)
+    b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
+    b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
+    return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
+
+
 def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device) -> int:
     """How many ranges of `in` the shrink splits into: enough for its grid to cover the GPU's SMs twice, at
     most one BLOCK_K tile each. A function of shapes only, so a CUDA graph's step always takes the same."""
