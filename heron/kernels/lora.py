@@ -384,38 +384,3 @@ def lora_shrink(
     return LoRADelta(
         partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank
     )
-
-
-def lora_add_(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    token_slots: torch.Tensor,
-    sorted_tokens: torch.Tensor,
-    slot_start: torch.Tensor,
-    output_sizes: list[int],
-    max_rank: int,
-    splits: int | None = None,
-    *,
-    act: str | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """y [T, out] += each adapted token's (u A^T) B in place, u made from x as `lora_shrink` says: the shrink,
-    then the expand. Returns y."""
-    delta = lora_shrink(
-        x,
-        lora_a,
-        lora_b,
-        token_slots,
-        sorted_tokens,
-        slot_start,
-        output_sizes,
-        max_rank,
-        splits,
-        act=act,
-        norm=norm,
-        residual=residual,
-    )
-    return delta.add_to_(y)
