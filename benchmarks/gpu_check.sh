@@ -97,7 +97,8 @@ for s in $SECTIONS; do case $s in
     # model alone, same call (`lora-qwen3-8b`, ratio_vs_base >= 0.8); the adapters from benchmarks/make_loras.py
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run lora-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lora.py tests/layers/test_lora.py \
-        tests/entrypoints/test_llm_lora.py -k "gathered or kernel or delta or wrappers"
+        tests/entrypoints/test_llm_lora.py tests/kernels/test_gemv.py::test_lora_delta_in_the_epilogue \
+        -k "gathered or kernel or delta or wrappers"
     run lora-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
         --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit \
         --save-result --result-name lora-qwen3-8b
