@@ -118,6 +118,10 @@ for s in $SECTIONS; do case $s in
   profile-lora)  # issue 25: the LoRA workload's timeline, kernels of its decode steps at 256 and 128, two prefills
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run profile-lora python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b lora /tmp/loras-qwen3-8b/lora* ;;
+  profile-structured)  # issue 20: the structured workload's timeline, kernels and idle gaps of its decode steps
+    TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
+    [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
+    run profile-structured python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b structured "$TOK" ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   latency)

@@ -9,6 +9,7 @@ chunk); and the offline benchmark's workload step by step (wall time by kind of 
     python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many
     prefix; default all but many and prefix)
     python benchmarks/gpu_profile.py SHAPE_DIR lora ADAPTER_DIR ...   (issue 25's workload)
+    python benchmarks/gpu_profile.py SHAPE_DIR structured TOKENIZER_DIR   (issue 20's workload)
 """
 
 from __future__ import annotations
@@ -158,13 +159,14 @@ def timeline(
     requests: list | None = None,
     profile_from: int | None = None,
     loras: list | None = None,
+    structured=None,
 ) -> None:
     """The offline benchmark's workload (by default 256 requests, 100-1024 in / out) step by step: the wall
     time between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
     first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
     kernels and idle gaps printed; the profiler slows those steps a little), and so do `profile_steps` steps
     from step `profile_from` whatever they are (a job's first prefill steps). `loras`: LoRARequests that the
-    requests take round robin."""
+    requests take round robin; `structured`: StructuredOutputsParams every request takes."""
     from heron.bench.datasets import random_token_requests
 
     engine = llm.engine
@@ -182,7 +184,11 @@ def timeline(
             f"t{i}",
             r.prompt_token_ids,
             SamplingParams(
-                temperature=0.6, max_tokens=r.output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+                temperature=0.6,
+                max_tokens=r.output_len,
+                ignore_eos=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                structured_outputs=structured,
             ),
             lora_request=loras[i % len(loras)] if loras else None,
         )
@@ -292,6 +298,17 @@ def lora(shape_dir: str, adapters: list[str]) -> None:
     timeline(llm, profile_at=(256, 128), profile_from=1, profile_steps=2, loras=loras)
 
 
+def structured(shape_dir: str, tokenizer: str) -> None:
+    """Issue 20's workload: the offline one with every request under heron/bench/structured.py's JSON schema (the
+    shapes' word-level tokenizers spell no JSON: `tokenizer`, a real one), its timeline with the kernels and the
+    GPU's idle gaps of a few decode steps at batch 256 and 128 (where a grammar step waits on the host)."""
+    from heron.bench.structured import SCHEMA
+    from heron.sampling_params import StructuredOutputsParams
+
+    llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, tokenizer=tokenizer)
+    timeline(llm, profile_at=(256, 128), structured=StructuredOutputsParams(json=SCHEMA))
+
+
 def _mean_context(engine) -> float:
     running = engine.scheduler.running
     return sum(len(s.token_ids) for s in running) / max(1, len(running))
@@ -300,6 +317,8 @@ def _mean_context(engine) -> float:
 def main(shape_dir: str, parts: list[str]) -> None:
     if parts[0] == "lora":
         return lora(shape_dir, parts[1:])
+    if parts[0] == "structured":
+        return structured(shape_dir, parts[1])
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096)
     if "phases" in parts:
         for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
