@@ -384,3 +384,42 @@ def lora_shrink(
     return LoRADelta(
         partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank
     )
+
+
+@dataclass
+class LoRAWeights:
+    """One projection's adapter slots and the step's rows by slot (heron/layers/lora.py's LoRAStack hands them to
+    the matmul door with the base projection): the door runs the shrink on the input its path has, the base's
+    own input past 16 rows (after the norm or activation kernel the base runs there), x made into it inside the
+    shrink at decode sizes (where that op runs in the GEMV's prologue and its output is never written)."""
+
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    token_slots: torch.Tensor
+    sorted_tokens: torch.Tensor
+    slot_start: torch.Tensor
+    output_sizes: list[int]
+    max_rank: int
+
+    def shrink(
+        self,
+        x: torch.Tensor,
+        *,
+        act: str | None = None,
+        norm: tuple[torch.Tensor, float] | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> LoRADelta:
+        """`lora_shrink` of these weights over x (its `act`, `norm` and `residual` as there)."""
+        return lora_shrink(
+            x,
+            self.lora_a,
+            self.lora_b,
+            self.token_slots,
+            self.sorted_tokens,
+            self.slot_start,
+            self.output_sizes,
+            self.max_rank,
+            act=act,
+            norm=norm,
+            residual=residual,
+        )

@@ -18,7 +18,7 @@ from heron.layers.device_ops import DeviceOps
 from heron.layers.linear import ColumnParallelLinear, default_weight_loader
 
 if TYPE_CHECKING:
-    from heron.kernels.lora import LoRADelta
+    from heron.kernels.lora import LoRAWeights
 
 
 class _OffsetWeight:
@@ -83,9 +83,9 @@ class NormLinear(_OffsetWeight, DeviceOps):
             self._norm_linear = rms_norm_linear_ref
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, lora: LoRADelta | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, lora: LoRAWeights | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`lora` (CUDA): plus a LoRA delta whose shrink has run on the same x and residual."""
+        """`lora` (CUDA): plus the delta of these LoRA adapters over the normed rows, by the matmul door."""
         if lora is not None:
             return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias, lora=lora)
         return self._norm_linear(x, residual, self.weight, self.eps, self.proj.weight, self.proj.bias)
@@ -100,7 +100,7 @@ def _door_norm_linear(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRAWeights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The door's `rms_norm_linear` (op) with proj's matmul plans and FP8 scales read at each call, not at
     binding: this module may be moved before proj, whose move then replaces its tensors."""

@@ -43,7 +43,7 @@ from heron.kernels.reference import (
 from heron.layers.device_ops import DeviceOps
 
 if TYPE_CHECKING:
-    from heron.kernels.lora import LoRADelta
+    from heron.kernels.lora import LoRAWeights
 
 
 def divide(size: int, world_size: int, what: str) -> int:
@@ -238,8 +238,8 @@ class RowParallelLinear(QuantizedWeight, DeviceOps):
         else:
             self._linear = silu_mul_linear_ref if self.swiglu else gelu_tanh_mul_linear_ref if self.geglu else F.linear
 
-    def forward(self, x: torch.Tensor, lora: LoRADelta | None = None) -> torch.Tensor:
-        """`lora` (CUDA, one rank): plus a LoRA delta whose shrink has run, added by the matmul door."""
+    def forward(self, x: torch.Tensor, lora: LoRAWeights | None = None) -> torch.Tensor:
+        """`lora` (CUDA, one rank): plus the delta of these LoRA adapters over the input, by the matmul door."""
         if lora is not None:
             assert self.tp_size == 1, "LoRA runs on one tensor-parallel rank"
             return self._linear(x, self.weight, self.bias, lora=lora)

@@ -4,12 +4,12 @@ to a layer's output for every token of a batch at once, each token with its own 
 A slot's adapter is y += (x A^T) B^T, its scaling folded into B. A fused projection (q/k/v, gate/up) holds
 one A per part, stacked along the rank axis, and B block-diagonal: part p's rank rows feed only part p's
 output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
-the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers run the
-shrink before the base projection and hand its output to the matmul door, whose GEMV adds the expanded delta
-in its epilogue at batch 1 (one launch per projection more than the base model); elsewhere it is the dense
-product against every slot (`lora_ref`: two matmuls, each token's columns of the other slots zeroed
-in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over adapters or
-requests, no host sync.
+the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers hand
+the adapters to the base projection's matmul door, which runs the shrink on the input its path has and adds
+the expanded delta, in the GEMV's epilogue at batch 1 (one launch per projection more than the base model);
+elsewhere it is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the
+other slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
+adapters or requests, no host sync.
 
 Built only with `enable_lora`: a model without it keeps its layers as they are and pays nothing.
 """
@@ -27,7 +27,7 @@ from heron.layers.device_ops import DeviceOps
 from heron.layers.layernorm import NormLinear
 
 if TYPE_CHECKING:
-    from heron.kernels.lora import LoRADelta
+    from heron.kernels.lora import LoRAWeights
 
 ACT_REFS = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}  # a gated MLP's activations by name
 
@@ -60,54 +60,39 @@ class LoRAStack(DeviceOps):
 
     def bind_ops(self) -> None:
         if self.lora_a.is_cuda:
-            from heron.kernels.lora import lora_shrink
+            from heron.kernels.lora import LoRAWeights
 
-            self._shrink = lora_shrink
+            self._weights = LoRAWeights
         else:
-            self._shrink = None
+            self._weights = None
 
     @property
     def on_cuda(self) -> bool:
-        """Whether the delta runs in the kernels: `shrink`, then the matmul door adds it."""
-        return self._shrink is not None
+        """Whether the delta runs in the kernels (the matmul door takes `weights`)."""
+        return self._weights is not None
+
+    @property
+    def weights(self) -> LoRAWeights:
+        """CUDA: the slots and the step's token mapping, as the matmul door and the kernels take them."""
+        m = self.mapping
+        return self._weights(
+            self.lora_a, self.lora_b, m.token_slots, m.sorted_tokens, m.slot_start, self.output_sizes, self.max_rank
+        )
 
     def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Load one adapter's stacked A [parts * rank, in] and transposed B [parts * rank, out] into `slot`."""
         self.lora_a[slot].copy_(a)
         self.lora_b[slot].copy_(b)
 
-    def shrink(
-        self,
-        x: torch.Tensor,
-        act: str | None = None,
-        norm: tuple[torch.Tensor, float] | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> LoRADelta:
-        """CUDA: the shrink of each token's adapter (none for the base model's tokens) for the input made from x:
-        x itself [T, in]; act(gate) * up of a gated MLP's x [T, 2 * in] (`act`: "silu", "gelu_tanh"); weight *
-        rmsnorm(x + residual) (`norm`: (weight, eps)). The kernel makes that input as it reads x."""
-        m = self.mapping
-        return self._shrink(
-            x,
-            self.lora_a,
-            self.lora_b,
-            m.token_slots,
-            m.sorted_tokens,
-            m.slot_start,
-            self.output_sizes,
-            self.max_rank,
-            act=act,
-            norm=norm,
-            residual=residual,
-        )
-
     def add_to(
         self, y: torch.Tensor, x: torch.Tensor, act: str | None = None, norm: tuple[torch.Tensor, float] | None = None
     ) -> torch.Tensor:
-        """y [T, out] += the delta of each token's adapter for the input made from x as `shrink` says (`norm`: of
-        x itself): on CUDA the shrink and expand kernels, elsewhere the dense reference."""
+        """y [T, out] += the delta of each token's adapter (none for the base model's tokens) for the input made
+        from x: x itself [T, in]; act(gate) * up of a gated MLP's x [T, 2 * in] (`act`: "silu", "gelu_tanh");
+        weight * rmsnorm(x) (`norm`: (weight, eps)). On CUDA the shrink (which makes that input as it reads x)
+        and expand kernels, elsewhere the dense reference."""
         if self.on_cuda:
-            return self.shrink(x, act, norm).add_to_(y)
+            return self.weights.shrink(x, act=act, norm=norm).add_to_(y)
         if act is not None:
             x = ACT_REFS[act](x)
         elif norm is not None:
@@ -124,24 +109,23 @@ class LinearWithLoRA(nn.Module):
         self.base, self.lora, self.act = base, lora, act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lora.on_cuda:  # the shrink, then the base's matmul adds the delta (in the GEMV's epilogue at batch 1)
-            return self.base(x, lora=self.lora.shrink(x, act=self.act))
+        if self.lora.on_cuda:  # the base's matmul door runs the adapters over its input
+            return self.base(x, lora=self.lora.weights)
         return self.lora.add_to(self.base(x), x, act=self.act)
 
 
 class NormLinearWithLoRA(nn.Module):
     """A pre-norm block's entry (NormLinear: residual add, norm, q/k/v or gate/up) plus the adapters' delta,
-    whose input is the normed hidden state: on CUDA the shrink makes it from the block's x and residual as it
-    reads them, and the fused norm + projection adds the delta; elsewhere the delta's input is normed again from
-    the residual the block returns."""
+    whose input is the normed hidden state: on CUDA the block's matmul door runs the adapters over it (at decode
+    sizes the shrink makes it from the block's x and residual as it reads them); elsewhere the delta's input is
+    normed again from the residual the block returns."""
 
     def __init__(self, base: NormLinear, lora: LoRAStack) -> None:
         super().__init__()
         self.base, self.lora = base, lora
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        norm = (self.base.weight, self.base.eps)
         if self.lora.on_cuda:
-            return self.base(x, residual, lora=self.lora.shrink(x, norm=norm, residual=residual))
+            return self.base(x, residual, lora=self.lora.weights)
         y, residual = self.base(x, residual)
-        return self.lora.add_to(y, residual, norm=norm), residual
+        return self.lora.add_to(y, residual, norm=(self.base.weight, self.base.eps)), residual

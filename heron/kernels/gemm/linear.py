@@ -26,7 +26,7 @@ from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
 if TYPE_CHECKING:
-    from heron.kernels.lora import LoRADelta
+    from heron.kernels.lora import LoRAWeights
 
 
 def linear(
@@ -35,18 +35,18 @@ def linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRAWeights | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight
-    (or, for a float8 weight with `weight_scale`, the FP8 GEMM); plus the `lora` delta (in the GEMV's epilogue
-    at batch 1, else by its expand kernel after)."""
+    (or, for a float8 weight with `weight_scale`, the FP8 GEMM); plus the delta of the `lora` adapters over x
+    (its shrink first; its expand in the GEMV's epilogue at batch 1, else its kernel after)."""
     if use_gemv(x, weight, bias, weight_scale):
-        return gemv(x, weight, bias, weight_scale=weight_scale, lora=lora)
+        return gemv(x, weight, bias, weight_scale=weight_scale, lora=lora.shrink(x) if lora is not None else None)
     if weight_scale is not None:
         y = fp8_linear(x, weight, bias, weight_scale=weight_scale)
     else:
         y = blas_linear(x, weight, bias, plans)
-    return y if lora is None else lora.add_to_(y)
+    return y if lora is None else lora.shrink(x).add_to_(y)
 
 
 def silu_mul_linear(
@@ -55,11 +55,13 @@ def silu_mul_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRAWeights | None = None,
 ) -> torch.Tensor:
-    """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes."""
+    """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes.
+    `lora`: as `linear`'s, over silu(gate) * up (made inside its shrink at decode sizes)."""
     if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, weight_scale):
-        return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale, lora=lora)
+        delta = lora.shrink(gate_up, act="silu") if lora is not None else None
+        return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale, lora=delta)
     return linear(silu_and_mul(gate_up), weight, bias, plans, weight_scale, lora)
 
 
@@ -69,7 +71,7 @@ def gelu_tanh_mul_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRAWeights | None = None,
 ) -> torch.Tensor:
     """linear(gelu_tanh(gate) * up) (GeGLU's down projection): the activation kernel, then the projection. Never
     the GEMV's fused prologue, which computes SiLU."""
@@ -85,14 +87,15 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
     plans: MatmulPlans | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRAWeights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's entry: (linear(rmsnorm(x + residual)), x + residual); without a residual (the first
-    layer) x itself is the residual. One GEMV kernel at decode sizes. `lora`: as `linear`'s, its shrink normed
-    from the same x + residual."""
+    layer) x itself is the residual. One GEMV kernel at decode sizes. `lora`: as `linear`'s, over the normed
+    rows (made from x and residual inside its shrink at decode sizes)."""
     fits = use_gemv(x, weight, bias, weight_scale) and norm_weight.dtype == x.dtype
     if fits and (residual is None or residual.stride(-1) == 1):
-        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale, lora=lora)
+        delta = lora.shrink(x, norm=(norm_weight, eps), residual=residual) if lora is not None else None
+        return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale, lora=delta)
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x
     else:

@@ -246,37 +246,56 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
     assert torch.isfinite(_plain(logits)).all()
 
 
-def test_a_lora_layer_adds_one_kernel_per_projection_that_makes_its_own_input(launches):
-    """With adapters on every projection, each adds one launch, the shrink, before the base's GEMV, which adds the
-    delta: the shrink makes its input as it reads the layer's (q/k/v's and gate/up's normed x + residual, down's
-    silu(gate) * up), with no norm or activation launch of its own. The logits equal the CPU path's (the base
-    projection, then the dense reference's delta of its input)."""
+def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
+    """With adapters on every projection, each adds one launch to the base's path, the shrink, and the matmul adds
+    the delta. At decode sizes (the GEMV) the shrink makes its input as it reads the layer's (q/k/v's and
+    gate/up's normed x + residual, down's silu(gate) * up): no norm or activation launch of its own; past 16 rows
+    it reads the output of the norm or activation kernel the base runs there. The logits equal the CPU path's
+    (the base projection, then the dense reference's delta of its input), and the adapters change them."""
     model, cfg = _on_fake_cuda("Qwen3ForCausalLM")
     none = _fake(torch.zeros(0, dtype=torch.long))
-    mapping = LoRAMapping(_fake(torch.tensor([0, 1, -1, 0])), none, none)
+    slots = torch.tensor([0, 1, -1, 0] * 5)  # a prefill step's 20 rows; a decode step's 4
+    mapping = LoRAMapping(_fake(slots), none, none)
     add_lora(model, max_loras=2, max_rank=4, mapping=mapping)
     _to_fake_cuda(model)
     with torch.no_grad():
         for name, buf in model.named_buffers():
             if "lora_" in name:
                 buf.normal_(0, 0.3)
-    layer = ["lora_shrink", "gemv_rms_norm", "apply_rope_and_cache", "lora_shrink", "gemv"]
-    layer += ["lora_shrink", "gemv_rms_norm", "lora_shrink", "gemv_silu_mul"]
+    decode = ["lora_shrink", "gemv_rms_norm", "apply_rope_and_cache", "lora_shrink", "gemv"]
+    decode += ["lora_shrink", "gemv_rms_norm", "lora_shrink", "gemv_silu_mul"]
+    prefill = ["rms_norm", "blas_linear", "lora_shrink", "apply_rope_and_cache", "blas_linear", "lora_shrink"]
+    prefill += ["fused_add_rms_norm", "blas_linear", "lora_shrink", "silu_and_mul", "blas_linear", "lora_shrink"]
+    later = ["fused_add_rms_norm" if k == "rms_norm" else k for k in prefill]
+    steps = {(4, True): decode + decode, (20, False): prefill + later}
+
+    def run(wrap) -> list[torch.Tensor]:
+        out = []
+        for (rows, is_decode), want in steps.items():
+            for block in model.layers:
+                block.self_attn.kv_cache.zero_()
+            launches.clear()
+            out.append(_plain(_step(model, cfg, rows, is_decode, wrap=wrap)))
+            if wrap is _fake:
+                assert launches == want + ["fused_add_rms_norm", "gemv"], rows
+        return out
+
     with torch.inference_mode():
-        logits = _step(model, cfg, 4, decode=True)
-        assert launches == layer + layer + ["fused_add_rms_norm", "gemv"]
+        got = run(_fake)
         _to_fake_cuda(model, _plain)
         mapping.token_slots = _plain(mapping.token_slots)
         for block in model.layers:
             block.self_attn.kv_cache = _plain(block.self_attn.kv_cache)
-        want = _step(model, cfg, 4, decode=True, wrap=_plain)
+        want = run(_plain)
         for name, buf in model.named_buffers():
             if "lora_" in name:
                 buf.zero_()
-        base = _step(model, cfg, 4, decode=True, wrap=_plain)
-    torch.testing.assert_close(_plain(logits), want, rtol=2e-2, atol=2e-2)
-    adapted = torch.tensor([0, 1, -1, 0]) >= 0  # the adapters changed their rows' logits, and only theirs
-    assert (want - base).abs()[adapted].amax(1).min() > 0.1 and torch.equal(want[~adapted], base[~adapted])
+        base = run(_plain)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    adapted = slots[:4] >= 0  # the decode rows' adapters changed their logits, and only theirs
+    assert (want[0] - base[0]).abs()[adapted].amax(1).min() > 0.1 and torch.equal(want[0][~adapted], base[0][~adapted])
+    assert (want[1] - base[1]).abs().max() > 0.1  # the prefill's last row (slot 0)
 
 
 def test_an_int4_layer_runs_the_w4a16_kernel_after_its_norm_and_activation(launches):
