@@ -263,8 +263,11 @@ class ModelRunner:
         step and the LM head at batch sizes 1, 2, 4, ..., max_num_seqs (the split-KV partition count, a
         compile-time constant of the decode kernel, is a power of two chosen from the batch size; the GEMV
         has a one-row and a many-row kernel), and the sampling kernel at as many row counts (its split plan
-        depends on them), with and without a logit threshold. (What a captured graph's step picks compiles in
-        capture_cuda_graphs' eager runs, at start-up too.)"""
+        depends on them), with and without a logit threshold. With cascade attention, the mixed step again with
+        the cascade kernels, its prompt a block long (past the rows below which launches skip PDL, as an eager
+        step's): the mixed graphs hold max_num_seqs rows, one partition count, and a larger mixed step run
+        eagerly with fewer sequences would compile its own in the middle of a job. (What a captured graph's step
+        picks compiles in capture_cuda_graphs' eager runs, at start-up too.)"""
         if self.device.type != "cuda":
             return
         from heron.kernels.sampling import sample_tokens
@@ -274,6 +277,10 @@ class ModelRunner:
         sizes = [2**k for k in range(self.max_num_seqs.bit_length())] + [self.max_num_seqs]
         with torch.inference_mode():
             for size in sorted(set(sizes)):
+                d, meta = self._fill_dummy_prefill([1] * (size - 1) + [self.block_size], 1)
+                cascade = dataclasses.replace(meta, cascade=True)
+                if self.backend.runs_cascade(cascade):
+                    self.model(d.input_ids, d.positions, cascade)
                 d, meta = self._fill_dummy_prefill([1] * (size - 1) + [2], 1)
                 hidden = self.model(d.input_ids, d.positions, meta)
                 self.model.compute_logits(hidden[:size])  # the LM head at this many rows
