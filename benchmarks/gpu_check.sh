@@ -136,14 +136,16 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
   prefix)  # issue 26: 512 requests = 16 system prompts of 2,000 tokens x 32, each + its own 50-200 token question,
     # outputs [64, 256], ignore_eos, T 0.6; cascade attention on (>= 31,000 / 11,000 output tok/s), then off (the
-    # Heron baselines, same run), then the plain offline records again (no regression)
+    # Heron baselines, same run), then the plain offline records again (no regression); PREFIX_MODELS picks the
+    # models, PREFIX_ONLY=1 skips the plain records
     P=(--load-format dummy --save-result --max-model-len 4096 --num-prompts 512 --shared-prefix-len 2000
        --num-shared-prefixes 16 --input-len-range 50,200 --output-len-range 64,256)
-    for m in qwen3-0.6b qwen3-8b; do
+    for m in ${PREFIX_MODELS:-qwen3-0.6b qwen3-8b}; do
       run offline-prefix-$m heron bench throughput --model /tmp/shapes/$m "${P[@]}" --result-name offline-prefix-$m
       run offline-prefix-nocascade-$m heron bench throughput --model /tmp/shapes/$m "${P[@]}" \
           --disable-cascade-attn --result-name offline-prefix-nocascade-$m
     done
+    [ "${PREFIX_ONLY:-0}" = 1 ] && continue  # the pairs alone (a change that cannot touch the plain records)
     run offline-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --save-result --result-name offline-qwen3-0.6b
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
