@@ -59,8 +59,9 @@ for s in $SECTIONS; do case $s in
     run sliding python3 -m pytest -q -p no:cacheprovider tests/models/test_parity.py -k "window or pool" ;;
   moe-sweep) run moe-sweep python3 -m heron.bench.kernels --moe --sweep ;;  # configs for fused_moe.CONFIGS
   quant)  # issue 24: FP8 (per-channel weights; the float8 GEMV up to 16 rows, per-token activation quantization and
-    # torch._scaled_mm past them): the kernel and checkpoint tests on the GPU, Qwen3-8B offline bf16 then FP8 in the
-    # same call, Llama-3.1-8B at batch 1 bf16 then FP8
+    # torch._scaled_mm past them): the kernel and checkpoint tests on the GPU, Qwen3-8B offline bf16, then FP8 weights
+    # (w8a8), then FP8 weights and KV cache (the issue's `offline-qwen3-8b-fp8`) in the same call, Llama-3.1-8B at
+    # batch 1 bf16 then FP8
     run quant-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/gemm/test_fp8.py \
         tests/kernels/gemm/test_fp8_quant.py tests/models/test_quantization.py
     run gemv-fp8-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py -k fp8
@@ -68,18 +69,22 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name latency-llama3.1-8b-bs1 --max-model-len 4096
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096
+    run offline-qwen3-8b-w8a8 heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+        --quantization fp8 --save-result --result-name offline-qwen3-8b-w8a8 --max-model-len 4096
     run offline-qwen3-8b-fp8 heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
-        --quantization fp8 --save-result --result-name offline-qwen3-8b-fp8 --max-model-len 4096
+        --quantization fp8 --kv-cache-dtype fp8 --save-result --result-name offline-qwen3-8b-fp8 --max-model-len 4096
     run latency-llama-fp8 heron bench latency --model /tmp/shapes/llama3.1-8b --load-format dummy \
         --quantization fp8 --save-result --result-name latency-llama3.1-8b-fp8-bs1 --max-model-len 4096 ;;
   fp8kv)  # issue 24 item 2: the float8 KV cache. Its kernel tests on the GPU (rotary write, decode, prefill, cascade,
     # both backends; the engine with CUDA graphs against enforce_eager), then Qwen3-8B offline with the bf16 cache and
     # the fp8 one: the default workload, and 4k-token sequences (3584 + 512) at up to 512 at once, where the pool
     # bounds the batch. Each record's kv_cache_tokens / 4096 is its capacity in 4k-token sequences (expect ~2x).
+    # FP8KV_DEFAULT=0 skips the default workload's pair (`quant` measures FP8 weights with the fp8 cache there).
     run fp8kv-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kv.py \
         tests/engine/test_fp8_kv_cache.py
     for kv in auto fp8; do
-      run offline-qwen3-8b-kv-$kv heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
+      [ "${FP8KV_DEFAULT:-1}" = 1 ] && run offline-qwen3-8b-kv-$kv heron bench throughput \
+          --model /tmp/shapes/qwen3-8b --load-format dummy \
           --kv-cache-dtype $kv --save-result --result-name offline-qwen3-8b-kv-$kv --max-model-len 4096
       run offline-qwen3-8b-4k-kv-$kv heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
           --kv-cache-dtype $kv --input-len-range 3584,3584 --output-len-range 512,512 --num-prompts 512 \
@@ -122,6 +127,8 @@ for s in $SECTIONS; do case $s in
     TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
     [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
     run profile-structured python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b structured "$TOK" ;;
+  profile-fp8)  # issue 24: Qwen3-8B with FP8 weights: its kernels at batch 256 and 1, and the offline timeline
+    run profile-fp8 python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b fp8 kernels timeline ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   latency)

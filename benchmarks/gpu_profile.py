@@ -7,7 +7,7 @@ chunk); and the offline benchmark's workload step by step (wall time by kind of 
 `prefix` do the same for issue 23's and issue 26's workloads.
 
     python benchmarks/gpu_profile.py SHAPE_DIR [PART ...]   (parts: phases kernels prefill timeline many
-    prefix; default all but many and prefix)
+    prefix; default all but many and prefix; `fp8` quantizes the weights as `--quantization fp8` does)
     python benchmarks/gpu_profile.py SHAPE_DIR lora ADAPTER_DIR ...   (issue 25's workload)
     python benchmarks/gpu_profile.py SHAPE_DIR structured TOKENIZER_DIR   (issue 20's workload)
 """
@@ -319,7 +319,8 @@ def main(shape_dir: str, parts: list[str]) -> None:
         return lora(shape_dir, parts[1:])
     if parts[0] == "structured":
         return structured(shape_dir, parts[1])
-    llm = LLM(shape_dir, load_format="dummy", max_model_len=4096)
+    quantization = "fp8" if "fp8" in parts else None  # issue 24: the FP8 checkpoint's steps
+    llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, quantization=quantization)
     if "phases" in parts:
         for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
             profile(llm, batch, 512, 64, temperature)
