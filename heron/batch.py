@@ -10,7 +10,6 @@ step's sample for that sequence, which the runner takes on the device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from heron.logprobs import RawLogprobs
@@ -70,10 +69,6 @@ class ScheduledBatch:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy-on-write
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
-    # Structured outputs (engine/structured_output.py), None when no sequence of the step has a grammar: fills
-    # the token bitmask on the host, one row per sampled row (num_samples of each sequence, in order),
-    # [rows, ceil(V / 32)] int32 (a torch tensor); the runner asks for it after launching the forward.
-    grammar_bitmask: Callable[[], object] | None = None
     # With LoRA only (empty otherwise): each sequence's adapter slot (-1: the base model), and the adapters to
     # load into their slots before the forward.
     lora_slots: list[int] = field(default_factory=list)

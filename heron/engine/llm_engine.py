@@ -24,7 +24,7 @@ from heron.engine.block_manager import BlockManager
 from heron.engine.output_processor import OutputProcessor
 from heron.engine.request import Request, Sequence, SequenceStatus
 from heron.engine.scheduler import Scheduler, SchedulerOutput
-from heron.executor.inflight import InflightStep
+from heron.executor.inflight import Forward, InflightStep, StepInputs
 from heron.executor.model_runner import ModelRunner
 from heron.executor.tp_worker import TPWorkers
 from heron.lora_request import LoRARequest
@@ -47,6 +47,14 @@ class Launched(NamedTuple):
 
     scheduled: SchedulerOutput
     step: InflightStep
+    grammar: bool = False  # its rows drew under their grammars' masks: the matchers take its tokens
+
+
+class Unsampled(NamedTuple):
+    """A structured-output step whose forward pass is launched and whose draw waits for its token masks."""
+
+    scheduled: SchedulerOutput
+    forward: Forward
 
 
 class LLMEngine:
@@ -103,6 +111,7 @@ class LLMEngine:
         self._make_output = self.output_processor.make_output if self.pooler_config is None else pooling.make_output
         self.requests: dict[str, Request] = {}
         self._inflight: Launched | None = None  # the launched step whose tokens are not read back yet
+        self._unsampled: Unsampled | None = None  # a grammar step waiting for its masks (see `advance`)
         self._structured: StructuredOutputManager | None = None  # made with the first constrained request
         self._compiling: dict[str, tuple[Request, Future]] = {}  # requests waiting for their grammar
         self._num_beam_requests = 0  # while any runs, every step is read back at once (beam_search.py)
@@ -355,7 +364,8 @@ class LLMEngine:
         return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._compiling)
+        busy = self._inflight is not None or self._unsampled is not None
+        return self.scheduler.has_unfinished() or busy or bool(self._compiling)
 
     # -- the step ------------------------------------------------------------------------------------------
 
@@ -382,55 +392,89 @@ class LLMEngine:
         or max_model_len is known in advance and not scheduled. A step whose tokens the next one needs on
         the host (an n > 1 request forking, repetition penalties) is read back at once.
 
-        Structured outputs (structured_output.py): a step with rows under a grammar is scheduled and its
-        forward pass launched as any other; the runner then asks for its token masks (`_grammar_masks`),
-        which reads the step before back first (every matcher needs its sequence's last token) and fills the
-        masks on the host while the forward pass runs on the device; its sampling follows."""
+        Structured outputs (structured_output.py): a step t with rows under a grammar launches its forward
+        pass and returns; its draw waits for its token masks, which need step t - 1's tokens (every matcher
+        takes its sequence's last token). The next iteration reads step t - 1 back, schedules step t + 1 and
+        prepares its inputs, fills step t's masks, launches step t's sampling and then step t + 1's forward:
+        the host's work of two steps runs while step t's forward does, as in an unconstrained step."""
         touched: dict[str, Request] = {}
         if self._compiling:
-            if self._inflight is None and not self.scheduler.has_unfinished():  # nothing else to do: wait
+            idle = self._inflight is None and self._unsampled is None
+            if idle and not self.scheduler.has_unfinished():  # nothing else to do: wait
                 wait([f for _, f in self._compiling.values()], timeout=0.1, return_when=FIRST_COMPLETED)
             self._admit_compiled(touched)
+        waiting, self._unsampled = self._unsampled, None
+        if waiting is not None:  # step t - 1's tokens advance the matchers, and may end sequences, first
+            self._read_back_inflight(touched)
         scheduled = self.scheduler.schedule()
-        launched = self._execute(scheduled, touched)
+        inputs = self._prepare(scheduled)  # (uploaded behind the waiting step's forward)
+        if waiting is not None:
+            self._inflight = self._draw(waiting)
+        launched = self._launch(scheduled, inputs, touched)
         return self._update(launched, touched)
 
-    def _execute(self, scheduled: SchedulerOutput, touched: dict[str, Request]) -> Launched | None:
-        """Launch the step on the device (on every tensor-parallel rank); returns at once on a GPU."""
+    def _on_ranks(self, fn, *args):
+        """`fn(*args)` on rank 0; with tensor parallelism, a worker's failure is named (TPWorkers.run)."""
+        return fn(*args) if self.tp_workers is None else self.tp_workers.run(fn, *args)
+
+    def _prepare(self, scheduled: SchedulerOutput) -> StepInputs | None:
+        """Commit the step (its tokens' K/V count as computed, its draws as pending) and build its inputs;
+        None for an empty step or a pooling engine's (whose runner prepares at launch)."""
         if not scheduled.seqs:
             return None
         now = time.time()
         for seq in scheduled.seqs:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
-        # (No pass over the step's rows unless some request ever had a grammar: this is the hot path.)
-        if self._structured is not None and any(s.grammar is not None for s in scheduled.seqs):
-            scheduled.batch.grammar_bitmask = lambda: self._grammar_masks(scheduled, touched)
-        # Committed before the launch: the masks' read-back may finish sequences of this step.
         self.scheduler.commit(scheduled)
-        execute = self.runner.execute if self.pooler_config is None else self.runner.execute_pooling
-        step = execute(scheduled.batch) if self.tp_workers is None else self.tp_workers.run(execute, scheduled.batch)
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        return Launched(scheduled, step)
+        return None if self.pooler_config is not None else self._on_ranks(self.runner.prepare, scheduled.batch)
 
-    def _grammar_masks(self, scheduled: SchedulerOutput, touched: dict[str, Request]):
-        """The token masks of a step's sampled rows, asked for by the runner once the step's forward pass is
-        launched: the step before is read back (its tokens advance the matchers), then the masks are filled.
-        A row whose sequence that read-back finished draws unmasked (its draw is dropped)."""
-        if self._inflight is not None:
-            self._read_back([self._inflight], touched)
-            self._inflight = None
+    def _launch(
+        self, scheduled: SchedulerOutput, inputs: StepInputs | None, touched: dict[str, Request]
+    ) -> Launched | Unsampled | None:
+        """Launch the prepared step on the device (on every tensor-parallel rank); returns at once on a GPU. A
+        step with a grammar returns unsampled, unless the next step needs its tokens on the host at once."""
+        if not scheduled.seqs:
+            return None
+        if inputs is None:
+            return Launched(scheduled, self._on_ranks(self.runner.execute_pooling, scheduled.batch))
+        forward = self._on_ranks(self.runner.launch, inputs)
+        # (No pass over the step's rows unless some request ever had a grammar: this is the hot path.)
+        if self._structured is None or all(s.grammar is None for s in scheduled.seqs):
+            return Launched(scheduled, self.runner.sample(forward))
+        unsampled = Unsampled(scheduled, forward)
+        if not (inputs.read_back_now or self._num_beam_requests):
+            return unsampled
+        self._read_back_inflight(touched)
+        return self._draw(unsampled)
+
+    def _draw(self, unsampled: Unsampled) -> Launched:
+        """A grammar step's draw, once its sequences' tokens before it are on the host: the masks of its sampled
+        rows filled, then its sampling launched. A row whose sequence has finished meanwhile draws unmasked
+        (its draw is dropped)."""
+        scheduled = unsampled.scheduled
         grammars = [
             None if s.is_finished else s.grammar
             for s, k in zip(scheduled.seqs, scheduled.batch.num_samples)
             for _ in range(k)
         ]
-        return self._structured.fill_bitmask(grammars)
+        step = self.runner.sample(unsampled.forward, self._structured.fill_bitmask(grammars))
+        return Launched(scheduled, step, grammar=True)
 
-    def _update(self, launched: Launched | None, touched: dict[str, Request]) -> list[Request]:
+    def _read_back_inflight(self, touched: dict[str, Request]) -> None:
+        if self._inflight is not None:
+            self._read_back([self._inflight], touched)
+            self._inflight = None
+
+    def _update(self, launched: Launched | Unsampled | None, touched: dict[str, Request]) -> list[Request]:
         """Read back the step launched before `launched` (and `launched` itself when the next step needs its
         tokens on the host), hand their tokens to their sequences and retire what they finished. Returns
-        the requests that advanced (those in `touched`, read back earlier this iteration, too)."""
+        the requests that advanced (those in `touched`, read back earlier this iteration, too). An unsampled
+        `launched` waits for the next iteration, and so does the step before it."""
+        if isinstance(launched, Unsampled):
+            self._unsampled = launched
+            return list(touched.values())
         done = [self._inflight] if self._inflight is not None else []
         self._inflight = launched
         if launched is not None and (launched.step.read_back_now or self._num_beam_requests):
@@ -458,7 +502,7 @@ class LLMEngine:
         now = time.time()
         append, generated = self.output_processor.append, 0
         grammar_done = {}  # (structured outputs only)
-        if launched.scheduled.batch.grammar_bitmask is not None:
+        if launched.grammar:
             grammar_done = self._accept_grammar(launched, result.sampled)
         beams: dict[str, list] = {}  # beam requests: their beams' draws, to be ranked together
         for i, seq in enumerate(launched.scheduled.seqs):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from heron.attention import AttentionMetadata
-from heron.batch import ModelRunnerOutput, SamplingSpec
+from heron.batch import ModelRunnerOutput, SamplingSpec, ScheduledBatch
 from heron.executor.graph_keys import GraphKey
 from heron.executor.input_buffers import StepArrays
 from heron.executor.sampler import SamplerOutput, SamplingTensors
@@ -20,6 +21,7 @@ from heron.logprobs import RawLogprobs
 class StepInputs:
     """What the runner made of a batch: read when the step is launched, and again when it is read back."""
 
+    batch: ScheduledBatch
     arrays: StepArrays  # the step's input arrays (host and device)
     graph: GraphKey | None  # the captured graph that runs this step, if any
     meta: AttentionMetadata
@@ -33,6 +35,18 @@ class StepInputs:
     one_row_each: bool  # every sequence samples one token, in the batch's order
     prompt_lp_k: int  # -1: no prompt logprobs this step
     prompt_lp_rows: list[tuple[int, int, int]]  # (sequence index, positions scored, k) per sequence scoring
+
+    @property
+    def read_back_now(self) -> bool:
+        """The next step needs this one's tokens on the host: an n > 1 request forks, or a row has penalties."""
+        return self.sampling.repetition_penalty is not None or max(self.num_samples, default=0) > 1
+
+
+class Forward(NamedTuple):
+    """A step whose forward pass is launched and whose tokens are not drawn yet (ModelRunner.sample)."""
+
+    inputs: StepInputs
+    logits: torch.Tensor
 
 
 class InflightStep:
@@ -62,8 +76,7 @@ class InflightStep:
 
     @property
     def read_back_now(self) -> bool:
-        """The next step needs these tokens on the host: an n > 1 request forks, or a row has penalties."""
-        return self.inputs.sampling.repetition_penalty is not None or max(self.inputs.num_samples, default=0) > 1
+        return self.inputs.read_back_now
 
     def result(self) -> ModelRunnerOutput:
         if self._done is not None:

@@ -104,17 +104,17 @@ class InputBuffers:
             _step_arrays(max_tokens, max_seqs, max_blocks_per_seq, max_seqs + max_tokens, max_tokens), self._fixed_end
         )
         capacity = -(-capacity // _ALIGN) * _ALIGN
-        self._dev = torch.zeros(capacity, dtype=torch.uint8, device=device)
+        # Two host sides: one is filled while the other's step may still be read, its upload queued (or, on the
+        # CPU, where a side is the step's memory itself, its sampling still to come: LLMEngine.advance).
         on_gpu = device.type == "cuda"
-        self._hosts = (
-            [torch.zeros(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if on_gpu else [self._dev]
-        )
-        self._dev_typed = _typed(self._dev)
+        self._hosts = [torch.zeros(capacity, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(2)]
+        self._dev = torch.zeros(capacity, dtype=torch.uint8, device=device) if on_gpu else None
         self._host_typed = [_typed(flat) for flat in self._hosts]
+        self._dev_typed = None if self._dev is None else _typed(self._dev)
         self._np_typed = [{dtype: t.numpy() for dtype, t in typed.items()} for typed in self._host_typed]
         self._side = 0
         self._steps: dict[tuple[int, int, int, int], list[StepArrays]] = {}  # counts -> one per host side
-        self._sampling_rows: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._sampling_rows: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def flip(self) -> None:
         """Switch to the other host side (call once per step, before filling)."""
@@ -135,15 +135,17 @@ class InputBuffers:
         layout = self._fixed | step
         layout["query_start_loc"] = (layout["query_start_loc"][0], (num_seqs + 1,), torch.int32)
         layout["seq_lens"] = (layout["seq_lens"][0], (num_seqs,), torch.int32)
-        dev = SimpleNamespace(**{k: _view(self._dev_typed, *v) for k, v in layout.items()})
         shared_end = step["logits_indices"][0] + num_logits * 8
         planned = ("query_start_loc", "seq_lens", "block_tables")  # what backends plan from on the host
         sides = []
         for flat, typed, np_typed in zip(self._hosts, self._host_typed, self._np_typed):
             host = SimpleNamespace(**{k: _view(typed, *layout[k]) for k in planned})
             arrays = SimpleNamespace(**{k: _view(np_typed, *v) for k, v in layout.items()})
-            copy = (self._dev[:end], flat[:end]) if self.device.type == "cuda" else None
-            sides.append(StepArrays(num_tokens, num_seqs, arrays, host, dev, self._dev[:shared_end], copy))
+            dev_flat = flat if self._dev is None else self._dev
+            dev_typed = typed if self._dev is None else self._dev_typed
+            dev = SimpleNamespace(**{k: _view(dev_typed, *v) for k, v in layout.items()})
+            copy = None if self._dev is None else (self._dev[:end], flat[:end])
+            sides.append(StepArrays(num_tokens, num_seqs, arrays, host, dev, dev_flat[:shared_end], copy))
         return sides
 
     def upload(self, arrays: StepArrays) -> None:
@@ -153,10 +155,11 @@ class InputBuffers:
 
     def sampling_rows(self, n: int, arrays: StepArrays) -> tuple[torch.Tensor, ...]:
         """Device views of the first n sampling rows: temperature, top_p, min_p, top_k, seed, counter."""
-        rows = self._sampling_rows.get(n)
+        f, i = arrays.dev.sampling_f32, arrays.dev.sampling_i64
+        key = (n, f.data_ptr())  # (one device memory on a GPU; on the CPU, each side's own)
+        rows = self._sampling_rows.get(key)
         if rows is None:
-            f, i = arrays.dev.sampling_f32, arrays.dev.sampling_i64
-            rows = self._sampling_rows[n] = (f[0, :n], f[1, :n], f[2, :n], i[0, :n], i[1, :n], i[2, :n])
+            rows = self._sampling_rows[key] = (f[0, :n], f[1, :n], f[2, :n], i[0, :n], i[1, :n], i[2, :n])
         return rows
 
 

@@ -23,7 +23,7 @@ from heron.batch import ScheduledBatch
 from heron.config import EngineConfig, resolve_dtype, resolve_kv_cache_dtype
 from heron.distributed import get_tp_world_size
 from heron.executor.graph_keys import GraphKey, GraphKeys, is_decode
-from heron.executor.inflight import InflightStep, StepInputs
+from heron.executor.inflight import Forward, InflightStep, StepInputs
 from heron.executor.input_buffers import BlockTables, InputBuffers, StepArrays, pad_to_graph
 from heron.executor.lora_manager import LoRAManager
 from heron.executor.pooler import PooledStep, Pooler
@@ -367,14 +367,26 @@ class ModelRunner:
 
     # -- one step -------------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> InflightStep:
         """Launch one step on the device and return at once (on a GPU); `InflightStep.result()` waits for its
         sampled tokens. An input past a sequence's `token_ids` is the previous step's sample for it, still on
         the device, and is filled there (the engine prepares step t + 1 before step t's tokens are read back)."""
+        return self.sample(self.launch(self.prepare(batch)))
+
+    @torch.inference_mode()
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """A step's inputs, built on the host and uploaded behind the work already queued (a structured-output
+        step's sampling may still be to come: it reads the other side of the double-buffered arrays)."""
         self.move_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self.buffers.flip()
-        inputs = self._prepare(batch)
+        return self._prepare(batch)
+
+    @torch.inference_mode()
+    def launch(self, inputs: StepInputs) -> Forward:
+        """The prepared step's forward pass, behind the previous step's sampling (its inputs past the host's
+        tokens are that step's samples); `sample` draws from its logits. The inputs' upload is queued here, not
+        when prepared: the sampling still to come of the step before reads the same device arrays."""
+        self.buffers.upload(inputs.arrays)
         d = inputs.arrays.dev
         n = inputs.num_pending
         if n and inputs.pending_in_order:  # decode of the previous step's batch: row i takes its row i
@@ -384,10 +396,18 @@ class ModelRunner:
         num_sample = len(inputs.row_specs)
         logits_rows = num_sample if inputs.first_rows else d.logits_indices
         if self.step_sender is not None:  # the other tensor-parallel ranks run this same forward pass
-            self.step_sender.send(batch, inputs.arrays, inputs.graph, inputs.meta, logits_rows)
-        logits = self.run_forward(inputs.arrays, inputs.graph, inputs.meta, logits_rows)
-        if fill_mask := batch.grammar_bitmask:  # structured outputs: filled on the host during the forward
-            inputs.sampling.token_bitmask = fill_mask().to(self.device, non_blocking=True)
+            self.step_sender.send(inputs.batch, inputs.arrays, inputs.graph, inputs.meta, logits_rows)
+        return Forward(inputs, self.run_forward(inputs.arrays, inputs.graph, inputs.meta, logits_rows))
+
+    @torch.inference_mode()
+    def sample(self, forward: Forward, token_bitmask: torch.Tensor | None = None) -> InflightStep:
+        """Draw the launched step's tokens (under structured outputs' `token_bitmask`, host int32 [rows, words]:
+        uploaded here) and queue their copy to the host; the next step's inputs take them on the device."""
+        inputs, logits = forward.inputs, forward.logits
+        d = inputs.arrays.dev
+        num_sample = len(inputs.row_specs)
+        if token_bitmask is not None:
+            inputs.sampling.token_bitmask = token_bitmask.to(self.device, non_blocking=True)
         out = self.sampler(logits if inputs.first_rows else logits[:num_sample], inputs.sampling)
         self._last_sampled = out.token_ids
         prompt_lp = None
@@ -397,7 +417,7 @@ class ModelRunner:
         if self._tokens_host:  # the side of two steps ago: its tokens have been read (LLMEngine.advance)
             self._tokens_host.reverse()
             tokens_host = self._tokens_host[0][:num_sample]
-        return InflightStep(len(batch), inputs, out, prompt_lp, tokens_host)
+        return InflightStep(len(inputs.batch), inputs, out, prompt_lp, tokens_host)
 
     @torch.inference_mode()
     def execute_pooling(self, batch: ScheduledBatch) -> PooledStep:
@@ -477,7 +497,7 @@ class ModelRunner:
         return meta
 
     def _prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """Fill the host buffers for `batch` and queue their copy to the device. Vectorised over tokens;
+        """Fill the host buffers for `batch` (`launch` uploads them) and plan its attention. Vectorised over tokens;
         the per-sequence Python left is reading each sequence's new token ids and sampling constants."""
         b, num_seqs = self.buffers, len(batch)
         starts = np.array(batch.num_computed, dtype=np.int64)
@@ -521,12 +541,12 @@ class ModelRunner:
             (h.sampling_f32, h.sampling_i64, b.sampling_rows(num_rows, arrays)),
             tokens=batch.token_ids if rows.one_each else [batch.token_ids[i] for i in rows.seq_of_row],
         )
-        b.upload(arrays)
         # (planned for a graph's padded batch too: the graph replays kernels, a backend may re-plan their buffers)
         # a graph without a cascade variant never cascades (else its step would run eagerly)
         cascade = None if graph is None or graph in self.cascade_graphs else False
         meta = self.attention_metadata(arrays, t.max_query_len, max_seq_len, graph is not None, cascade)
         return StepInputs(
+            batch=batch,
             arrays=arrays,
             graph=graph,
             meta=meta,

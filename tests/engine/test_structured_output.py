@@ -152,6 +152,20 @@ def test_json_regex_and_choice_outputs_match_and_free_rows_are_unchanged(embedde
     assert outs[8][0].token_ids == alone.token_ids
 
 
+def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(embedded_llm, monkeypatch):
+    """Step t + 1's host work (scheduling, inputs) overlaps step t's forward pass: step t's sampling, which
+    waits for its masks, is launched after step t + 1 is prepared, then step t + 1's forward."""
+    runner, calls = embedded_llm.engine.runner, []
+    for name in ("prepare", "launch", "sample"):
+        method = getattr(runner, name)
+        monkeypatch.setattr(runner, name, lambda *a, _m=method, _c=name[0]: (calls.append(_c), _m(*a))[1])
+    params = SamplingParams(seed=3, max_tokens=6, structured_outputs=S(regex=r"[a-z]{40}"))
+    [[out]] = _texts(embedded_llm, ["Letters:"], [params])
+    assert re.fullmatch("[a-z]+", out.text) and len(out.token_ids) == 6
+    # prefill, then five decode steps each drawing the step before's tokens; the last draw ends the request
+    assert "".join(calls) == "pl" + "psl" * 5 + "s"
+
+
 def test_an_invalid_constraint_is_refused_and_the_engine_goes_on(embedded_llm):
     with pytest.raises(ValueError, match="structured_outputs.regex"):
         embedded_llm.generate(["x"], SamplingParams(structured_outputs=S(regex="(")), use_tqdm=False)
