@@ -16,10 +16,10 @@ matcher with them), and the pending draws dropped when a sequence finishes were 
 
 Each step, the rows that draw under a grammar get a token bitmask ([rows, ceil(V / 32)] int32, bit v of a row:
 token v allowed); the sampler applies it to the logits (executor/sampler.py). A mask needs its row's previous
-token in the matcher, so the step is pipelined in two halves (LLMEngine._grammar_masks): it is scheduled and its
-forward pass launched as any other while the step before is still on the device; then that step is read back,
-its tokens advance the matchers, and `fill_bitmask` fills the masks on xgrammar's threads (the GIL released)
-while the forward pass runs; the sampling is launched last. The read-back hands a step's tokens to their
+token in the matcher, so the step is pipelined in two halves (LLMEngine.advance): it is scheduled and its
+forward pass launched as any other while the step before is still on the device; in the next iteration that
+step is read back, its tokens advance the matchers, the next step is scheduled and prepared, and `fill_bitmask`
+fills the masks (the GIL released), all while the forward pass runs; its sampling is launched last. The read-back hands a step's tokens to their
 matchers at once (`accept`: xgrammar's batch accept, one C++ call per pool thread) before the sequences take
 them. Steps without a grammar row are unchanged.
 
@@ -35,7 +35,6 @@ its tokens on whitespace before the object closes.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -104,7 +103,9 @@ class StructuredOutputManager:
         self, tokenizer, vocab_size: int, max_num_seqs: int, device: torch.device, threads: int | None = None
     ) -> None:
         """vocab_size: the width of the model's logits (tokens past the tokenizer's are never allowed). threads:
-        the host threads that accept a step's tokens and fill its masks (default: half the cores, at most 8)."""
+        the host threads that accept a step's tokens and fill its masks (default 1: on the H200's 16-core host a
+        step of 256 rows took 0.37 + 0.74 ms on one thread, 0.62 + 1.33 on 4 and 0.67 + 1.95 on 8; the
+        threads contend more than they share, `gpu_check.sh structured`'s grammar-host)."""
         # xgrammar counts every id past the tokenizer's as a special token, and accept_token scans that list
         # (~0.3 ns an id): a model whose logits are far wider than its tokenizer (the `structured` workload:
         # SmolLM2's 49,152 ids on Qwen3's 151,936) paid ~35 us a token. So the matchers see the tokenizer's ids
@@ -113,7 +114,7 @@ class StructuredOutputManager:
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.mask_vocab)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)  # (cached here, by key)
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-compile")
-        self._threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        self._threads = threads or 1
         self._batch_matcher = xgr.BatchGrammarMatcher(self._threads)  # fills a step's rows on its own threads
         self._accept_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="heron-grammar-accept")
         self._stop_ids: set[int] = set()  # the tokens that can end a matcher (the only ones is_terminated needs)
