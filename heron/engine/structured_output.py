@@ -19,9 +19,9 @@ token v allowed); the sampler applies it to the logits (executor/sampler.py). A 
 token in the matcher, so the step is pipelined in two halves (LLMEngine.advance): it is scheduled and its
 forward pass launched as any other while the step before is still on the device; in the next iteration that
 step is read back, its tokens advance the matchers, the next step is scheduled and prepared, and `fill_bitmask`
-fills the masks (the GIL released), all while the forward pass runs; its sampling is launched last. The read-back hands a step's tokens to their
-matchers at once (`accept`: xgrammar's batch accept, one C++ call per pool thread) before the sequences take
-them. Steps without a grammar row are unchanged.
+fills the masks (the GIL released), all while the forward pass runs; its sampling is launched last. The
+read-back hands a step's tokens to their matchers at once (`accept`: xgrammar's batch accept, one C++ call per
+pool thread) before the sequences take them. Steps without a grammar row are unchanged.
 
 The matchers know the tokenizer's ids only (`mask_vocab`), not the logits' padding past them: xgrammar counts
 each padded id as a special token and scans them all in every accept_token (the `structured` workload,
