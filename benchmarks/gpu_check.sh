@@ -11,8 +11,12 @@ SECTIONS=${*:-machine kernels gemv correctness latency throughput prefill serve}
 # models (tests/conftest.py) and the structured workload
 [ -n "${STRUCTURED_TOKENIZER:-}" ] && export HERON_TEST_TOKENIZER=${HERON_TEST_TOKENIZER:-$STRUCTURED_TOKENIZER}
 heron() { python3 -m heron.entrypoints.cli "$@"; }
+# The device returns at most 8 files from $OUT: the logs go to $LOGS, and after each run the logs and the records
+# are bundled into $OUT/results.tgz (so a call cut short by its timeout still brings back what ran).
+LOGS=${LOGS:-/tmp/heron-logs}; mkdir -p "$LOGS"
+bundle() { tar czf "$OUT/results.tgz" benchmarks/results -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
-        ( "$@" ) 2>&1 | tee "$OUT/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; }
+        ( "$@" ) 2>&1 | tee "$LOGS/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; bundle; }
 for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.bench.kernels ;;
@@ -214,7 +218,7 @@ for s in $SECTIONS; do case $s in
   fi-build)  # FlashInfer's JIT builds in the background (nvcc on the CPUs, a tiny GPU run) while the next
     # sections run; kernels-vs-flashinfer waits for it
     . benchmarks/flashinfer_cache.sh
-    timeout 480 python3 -m heron.bench.kernels --vs-flashinfer --batch 4 > "$OUT/fi-build.log" 2>&1 &
+    timeout 480 python3 -m heron.bench.kernels --vs-flashinfer --batch 4 > "$LOGS/fi-build.log" 2>&1 &
     FI_BUILD=$! ;;
   kernels-vs-flashinfer)
     [ -n "${FI_BUILD:-}" ] && { wait "$FI_BUILD"; echo "fi-build exited $?"; FI_BUILD=; }
@@ -232,7 +236,7 @@ for s in $SECTIONS; do case $s in
     run serve-offline heron bench throughput --model $M --load-format dummy --max-model-len 4096 \
         --save-result --result-name serve-qwen3-0.6b-offline
     python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8011 \
-        > "$OUT/serve-server.log" 2>&1 &
+        > "$LOGS/serve-server.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 300); do  # until healthy, or the server has exited
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health')" 2>/dev/null && break
@@ -242,7 +246,7 @@ for s in $SECTIONS; do case $s in
         --label serve-qwen3-0.6b --save-result
     [ "$s" = serve ] && run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" \
         --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result --gpu-monitor
-    kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-server.log" ;;
+    kill -INT $SERVER; wait $SERVER; tail -5 "$LOGS/serve-server.log" ;;
   serve-prefix)  # issue 26: the prefix workload through the server's chat endpoint (the system prompts as system
     # messages; the shapes' tokenizers have no chat template: a ChatML one), cascade on; the offline run beside it
     M=/tmp/shapes/qwen3-0.6b
@@ -251,33 +255,33 @@ for s in $SECTIONS; do case $s in
     printf '%s' "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}<|im_start|>assistant" \
         > /tmp/chatml.jinja
     python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8012 \
-        --chat-template /tmp/chatml.jinja > "$OUT/serve-prefix-server.log" 2>&1 &
+        --chat-template /tmp/chatml.jinja > "$LOGS/serve-prefix-server.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 300); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health')" 2>/dev/null && break
       kill -0 $SERVER 2>/dev/null || break; sleep 1; done
     run serve-prefix-inf heron bench serve --base-url http://127.0.0.1:8012/v1 --endpoint /v1/chat/completions \
         "${W[@]}" --request-rate inf --disable-tqdm --label serve-prefix-qwen3-0.6b --save-result
-    kill -INT $SERVER; wait $SERVER; tail -5 "$OUT/serve-prefix-server.log" ;;
+    kill -INT $SERVER; wait $SERVER; tail -5 "$LOGS/serve-prefix-server.log" ;;
   serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
     # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 1024
                                 --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
     for DP in 1 2; do
       python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8012 \
-          --data-parallel-size $DP > "$OUT/serve-dp$DP-server.log" 2>&1 &
+          --data-parallel-size $DP > "$LOGS/serve-dp$DP-server.log" 2>&1 &
       SERVER=$!
       for _ in $(seq 300); do
         python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health')" 2>/dev/null && break
         kill -0 $SERVER 2>/dev/null || break; sleep 1; done
       run serve-dp$DP heron bench serve --base-url http://127.0.0.1:8012/v1 "${W[@]}" --request-rate inf \
           --disable-tqdm --label serve-dp$DP-qwen3-0.6b --metadata data_parallel_size=$DP --save-result
-      kill -INT $SERVER; wait $SERVER; tail -3 "$OUT/serve-dp$DP-server.log"
+      kill -INT $SERVER; wait $SERVER; tail -3 "$LOGS/serve-dp$DP-server.log"
     done
     run serve-dp2-ratio python3 -c "
 import json; r = 'benchmarks/results/serve-dp%d-qwen3-0.6b.json'; one, two = (json.load(open(r % n)) for n in (1, 2))
 two['metrics']['ratio_vs_one_replica'] = two['metrics']['output_tokens_per_s'] / one['metrics']['output_tokens_per_s']
 json.dump(two, open(r % 2, 'w'), indent=2); print('2 replicas / 1:', two['metrics']['ratio_vs_one_replica'])" ;;
 esac; done
-tar czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
+bundle
 ls -la "$OUT"
