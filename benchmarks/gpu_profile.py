@@ -14,7 +14,9 @@ chunk); and the offline benchmark's workload step by step (wall time by kind of 
 
 from __future__ import annotations
 
+import bisect
 import collections
+import os
 import sys
 import time
 
@@ -84,7 +86,7 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
     for _ in range(3):
         engine.step()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with profiler() as prof:
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
@@ -104,14 +106,29 @@ def _print_kernels(prof, label: str, wall: float, steps: int) -> None:
     gap_table(prof, steps)
 
 
+def profiler() -> torch.profiler.profile:
+    """The GPU's kernels; with HERON_PROFILE_HOST=1 the host's ops and CUDA runtime calls too (`gap_table` then
+    says what the host did while the GPU idled; the host runs slower under it)."""
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    if os.environ.get("HERON_PROFILE_HOST") == "1":
+        activities.append(torch.profiler.ProfilerActivity.CPU)
+    return torch.profiler.profile(activities=activities)
+
+
 def gap_table(prof, steps: int, rows: int = 12) -> None:
-    """Where the GPU idles between kernels: the idle time before each kernel, summed by (previous, next) kernel."""
+    """Where the GPU idles between kernels: the idle time before each kernel, summed by (previous, next) kernel;
+    under HERON_PROFILE_HOST=1, the host's ops and runtime calls that overlap the idle time of gaps over 50 us."""
+    events = prof.events()
     kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+        (e for e in events if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
     )
     gaps: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    long_gaps: list[tuple[float, float]] = []
     for prev, nxt in zip(kernels, kernels[1:]):
-        gaps[(prev.name[:40], nxt.name[:40])].append(max(0.0, nxt.time_range.start - prev.time_range.end))
+        idle = max(0.0, nxt.time_range.start - prev.time_range.end)
+        gaps[(prev.name[:40], nxt.name[:40])].append(idle)
+        if idle > 50:
+            long_gaps.append((prev.time_range.end, nxt.time_range.start))
     total = sum(sum(v) for v in gaps.values())
     print(
         f"idle between kernels: {total / 1e3 / steps:.3f} ms/step over {len(kernels) / steps:.0f} kernels/step; "
@@ -119,6 +136,26 @@ def gap_table(prof, steps: int, rows: int = 12) -> None:
     )
     for (a, b), v in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:rows]:
         print(f"  {sum(v) / 1e3 / steps:7.3f} ms/step {len(v) / steps:6.1f}x {sum(v) / len(v):7.2f} us  {a} -> {b}")
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    if host and long_gaps:
+        _host_in_gaps(host, long_gaps, steps, rows)
+
+
+def _host_in_gaps(host: list, gaps: list[tuple[float, float]], steps: int, rows: int) -> None:
+    """The host events (ops and runtime calls, nested ones counted in each) overlapping the GPU's long idle gaps,
+    by name: a sync, an allocation or a slow launch shows here."""
+    starts = [a for a, _ in gaps]
+    overlap: dict[str, float] = collections.defaultdict(float)
+    for e in host:
+        lo, hi = e.time_range.start, e.time_range.end
+        i = max(0, bisect.bisect_right(starts, lo) - 1)
+        while i < len(gaps) and gaps[i][0] < hi:
+            overlap[e.name[:60]] += max(0.0, min(hi, gaps[i][1]) - max(lo, gaps[i][0]))
+            i += 1
+    idle = sum(b - a for a, b in gaps)
+    print(f"host during the {len(gaps) / steps:.1f} idle gaps > 50 us a step ({idle / 1e3 / steps:.3f} ms/step):")
+    for name, t in sorted(overlap.items(), key=lambda kv: -kv[1])[:rows]:
+        print(f"  {t / 1e3 / steps:7.3f} ms/step  {name}")
 
 
 def prefill_table(llm: LLM, num_prompts: int, prompt_len: int) -> None:
@@ -202,7 +239,7 @@ def timeline(
             if at_decode:
                 pending.pop(0)
             prof, left, first = (
-                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]),
+                profiler(),
                 profile_steps,
                 len(times),
             )
