@@ -37,6 +37,9 @@ from heron.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParam
 from heron.stats import EngineStats
 
 if TYPE_CHECKING:
+    import torch
+    import xgrammar as xgr
+
     from heron.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -406,10 +409,11 @@ class LLMEngine:
         waiting, self._unsampled = self._unsampled, None
         if waiting is not None:  # step t - 1's tokens advance the matchers, and may end sequences, first
             self._read_back_inflight(touched)
+            masks = self._structured.fill_bitmask_async(self._grammar_rows(waiting))  # (while t + 1 is scheduled)
         scheduled = self.scheduler.schedule()
         inputs = self._prepare(scheduled)  # (uploaded behind the waiting step's forward)
         if waiting is not None:
-            self._inflight = self._draw(waiting)
+            self._inflight = self._draw(waiting, masks.result())
         launched = self._launch(scheduled, inputs, touched)
         return self._update(launched, touched)
 
@@ -447,20 +451,23 @@ class LLMEngine:
         if not (inputs.read_back_now or self._num_beam_requests):
             return unsampled
         self._read_back_inflight(touched)
-        return self._draw(unsampled)
+        return self._draw(unsampled, self._structured.fill_bitmask(self._grammar_rows(unsampled)))
 
-    def _draw(self, unsampled: Unsampled) -> Launched:
-        """A grammar step's draw, once its sequences' tokens before it are on the host: the masks of its sampled
-        rows filled, then its sampling launched. A row whose sequence has finished meanwhile draws unmasked
-        (its draw is dropped)."""
+    @staticmethod
+    def _grammar_rows(unsampled: Unsampled) -> list[xgr.GrammarMatcher | None]:
+        """The matcher of each sampled row of a grammar step, once its sequences' tokens before it are on the
+        host; None for a row without one, or whose sequence has finished meanwhile (it draws unmasked, and its
+        draw is dropped)."""
         scheduled = unsampled.scheduled
-        grammars = [
+        return [
             None if s.is_finished else s.grammar
             for s, k in zip(scheduled.seqs, scheduled.batch.num_samples)
             for _ in range(k)
         ]
-        step = self.runner.sample(unsampled.forward, self._structured.fill_bitmask(grammars))
-        return Launched(scheduled, step, grammar=True)
+
+    def _draw(self, unsampled: Unsampled, masks: torch.Tensor) -> Launched:
+        """A grammar step's sampling, under its rows' token masks (`_grammar_rows`' bitmask)."""
+        return Launched(unsampled.scheduled, self.runner.sample(unsampled.forward, masks), grammar=True)
 
     def _read_back_inflight(self, touched: dict[str, Request]) -> None:
         if self._inflight is not None:

@@ -117,6 +117,7 @@ class StructuredOutputManager:
         self._threads = threads or 1
         self._batch_matcher = xgr.BatchGrammarMatcher(self._threads)  # fills a step's rows on its own threads
         self._accept_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="heron-grammar-accept")
+        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="heron-grammar-fill")
         self._stop_ids: set[int] = set()  # the tokens that can end a matcher (the only ones is_terminated needs)
         self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
@@ -176,6 +177,11 @@ class StructuredOutputManager:
         # A matcher ends only by accepting a stop token (and refuses every token once ended).
         stops = self._stop_ids
         return [not ok or (t in stops and m.is_terminated()) for ok, t, m in zip(accepted, tokens, matchers)]
+
+    def fill_bitmask_async(self, matchers: list[xgr.GrammarMatcher | None]) -> Future[torch.Tensor]:
+        """`fill_bitmask` on the manager's fill thread, while the caller schedules and prepares the next step
+        (xgrammar fills with the GIL released). The matchers must not change until it is done."""
+        return self._fill_pool.submit(self.fill_bitmask, matchers)
 
     def fill_bitmask(self, matchers: list[xgr.GrammarMatcher | None]) -> torch.Tensor:
         """The bitmask of a step's sampled rows (None: a row without a grammar, all allowed), [len(matchers), W]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import numpy as np
@@ -154,16 +155,23 @@ def test_json_regex_and_choice_outputs_match_and_free_rows_are_unchanged(embedde
 
 def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(embedded_llm, monkeypatch):
     """Step t + 1's host work (scheduling, inputs) overlaps step t's forward pass: step t's sampling, which
-    waits for its masks, is launched after step t + 1 is prepared, then step t + 1's forward."""
-    runner, calls = embedded_llm.engine.runner, []
+    waits for its masks (filled on their own thread meanwhile), is launched after step t + 1 is prepared, then
+    step t + 1's forward."""
+    runner, calls, fills = embedded_llm.engine.runner, [], []
     for name in ("prepare", "launch", "sample"):
         method = getattr(runner, name)
         monkeypatch.setattr(runner, name, lambda *a, _m=method, _c=name[0]: (calls.append(_c), _m(*a))[1])
     params = SamplingParams(seed=3, max_tokens=6, structured_outputs=S(regex=r"[a-z]{40}"))
+    embedded_llm.generate(["x"], params, use_tqdm=False)  # (the manager exists from here on)
+    manager, calls[:] = embedded_llm.engine._structured, []
+    fill = manager.fill_bitmask
+    monkeypatch.setattr(manager, "fill_bitmask", lambda m: (fills.append(threading.current_thread().name), fill(m))[1])
     [[out]] = _texts(embedded_llm, ["Letters:"], [params])
     assert re.fullmatch("[a-z]+", out.text) and len(out.token_ids) == 6
     # prefill, then five decode steps each drawing the step before's tokens; the last draw ends the request
     assert "".join(calls) == "pl" + "psl" * 5 + "s"
+    # each step's masks are filled on the manager's thread while the main one schedules the next step
+    assert len(fills) == 6 and all(name.startswith("heron-grammar-fill") for name in fills)
 
 
 def test_an_invalid_constraint_is_refused_and_the_engine_goes_on(embedded_llm):
