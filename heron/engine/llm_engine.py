@@ -411,7 +411,7 @@ class LLMEngine:
             self._read_back_inflight(touched)
             masks = self._structured.fill_bitmask_async(self._grammar_rows(waiting))  # (while t + 1 is scheduled)
         scheduled = self.scheduler.schedule()
-        inputs = self._prepare(scheduled)  # (uploaded behind the waiting step's forward)
+        inputs = self._prepare(scheduled)  # (on the host, while the waiting step's forward runs)
         if waiting is not None:
             self._inflight = self._draw(waiting, masks.result())
         launched = self._launch(scheduled, inputs, touched)

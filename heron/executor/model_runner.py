@@ -375,8 +375,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """A step's inputs, built on the host and uploaded behind the work already queued (a structured-output
-        step's sampling may still be to come: it reads the other side of the double-buffered arrays)."""
+        """A step's inputs, built on the host (`launch` uploads them) and its attention planned: the step before
+        may still have its draw to come (a structured-output step), reading the device arrays."""
         self.move_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self.buffers.flip()
         return self._prepare(batch)
