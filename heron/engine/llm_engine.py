@@ -12,10 +12,11 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from heron.config import EngineConfig, resolve_device
 from heron.distributed import get_tp_world_size
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from heron.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Launched(NamedTuple):
@@ -397,9 +399,9 @@ class LLMEngine:
 
         Structured outputs (structured_output.py): a step t with rows under a grammar launches its forward
         pass and returns; its draw waits for its token masks, which need step t - 1's tokens (every matcher
-        takes its sequence's last token). The next iteration reads step t - 1 back, schedules step t + 1 and
-        prepares its inputs, fills step t's masks, launches step t's sampling and then step t + 1's forward:
-        the host's work of two steps runs while step t's forward does, as in an unconstrained step."""
+        takes its sequence's last token). The next iteration reads step t - 1 back, fills step t's masks on a
+        thread while it schedules step t + 1 and prepares its inputs, then launches step t's sampling and step
+        t + 1's forward: the host's work of two steps runs while step t's forward does."""
         touched: dict[str, Request] = {}
         if self._compiling:
             idle = self._inflight is None and self._unsampled is None
@@ -417,7 +419,7 @@ class LLMEngine:
         launched = self._launch(scheduled, inputs, touched)
         return self._update(launched, touched)
 
-    def _on_ranks(self, fn, *args):
+    def _on_ranks(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on rank 0; with tensor parallelism, a worker's failure is named (TPWorkers.run)."""
         return fn(*args) if self.tp_workers is None else self.tp_workers.run(fn, *args)
 
