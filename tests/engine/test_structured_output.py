@@ -174,6 +174,33 @@ def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(embedded_llm
     assert len(fills) == 6 and all(name.startswith("heron-grammar-fill") for name in fills)
 
 
+def test_a_grammar_step_whose_tokens_the_next_needs_draws_at_once_and_an_abort_mid_step_is_clean(
+    embedded_llm, monkeypatch
+):
+    """Penalties need each step's tokens on the host before the next: such a grammar step fills its masks and
+    draws before returning. A request aborted while its grammar step waits for its draw leaves the engine
+    clean, and the request beside it finishes under its constraint."""
+    engine, calls = embedded_llm.engine, []
+    with monkeypatch.context() as patch:
+        for name in ("prepare", "launch", "sample"):
+            method = getattr(engine.runner, name)
+            patch.setattr(engine.runner, name, lambda *a, _m=method, _c=name[0]: (calls.append(_c), _m(*a))[1])
+        penalized = SamplingParams(max_tokens=4, repetition_penalty=1.3, structured_outputs=S(regex=r"[a-z]{40}"))
+        [[out]] = _texts(embedded_llm, ["Letters:"], [penalized])
+    assert re.fullmatch("[a-z]+", out.text) and "".join(calls) == "pls" * 4
+    params = SamplingParams(seed=5, max_tokens=8, structured_outputs=S(regex=r"[0-9]{40}"))
+    engine.add_request("gone", engine.tokenize("Digits:"), params)
+    engine.add_request("kept", engine.tokenize("Digits:"), params)
+    while engine._unsampled is None:
+        engine.step()
+    engine.abort("gone")
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o) for o in engine.step())
+    assert "gone" not in outputs and re.fullmatch("[0-9]+", outputs["kept"].outputs[0].text)
+    assert engine._unsampled is None and engine._inflight is None and not engine.requests
+
+
 def test_an_invalid_constraint_is_refused_and_the_engine_goes_on(embedded_llm):
     with pytest.raises(ValueError, match="structured_outputs.regex"):
         embedded_llm.generate(["x"], SamplingParams(structured_outputs=S(regex="(")), use_tqdm=False)
