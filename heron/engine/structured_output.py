@@ -18,8 +18,9 @@ Each step, the rows that draw under a grammar get a token bitmask ([rows, ceil(V
 token v allowed); the sampler applies it to the logits (executor/sampler.py). A mask needs its row's previous
 token in the matcher, so the step is pipelined in two halves (LLMEngine.advance): it is scheduled and its
 forward pass launched as any other while the step before is still on the device; in the next iteration that
-step is read back, its tokens advance the matchers, the next step is scheduled and prepared, and `fill_bitmask`
-fills the masks (the GIL released), all while the forward pass runs; its sampling is launched last. The
+step is read back, its tokens advance the matchers, and `fill_bitmask` fills the masks on the fill thread (the
+GIL released) while the next step is scheduled and prepared, all during the forward pass; its sampling is
+launched last. The
 read-back hands a step's tokens to their matchers at once (`accept`: xgrammar's batch accept, one C++ call per
 pool thread) before the sequences take them. Steps without a grammar row are unchanged.
 
