@@ -89,10 +89,8 @@ class LoRAStack(DeviceOps):
     ) -> torch.Tensor:
         """y [T, out] += the delta of each token's adapter (none for the base model's tokens) for the input made
         from x: x itself [T, in]; act(gate) * up of a gated MLP's x [T, 2 * in] (`act`: "silu", "gelu_tanh");
-        weight * rmsnorm(x) (`norm`: (weight, eps)). On CUDA the shrink (which makes that input as it reads x)
-        and expand kernels, elsewhere the dense reference."""
-        if self.on_cuda:
-            return self.weights.shrink(x, act=act, norm=norm).add_to_(y)
+        weight * rmsnorm(x) (`norm`: (weight, eps)). The dense reference: on CUDA the wrappers hand `weights` to
+        the base projection's matmul door instead."""
         if act is not None:
             x = ACT_REFS[act](x)
         elif norm is not None:
