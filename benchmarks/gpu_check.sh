@@ -98,7 +98,7 @@ for s in $SECTIONS; do case $s in
     # kernel against bf16 cuBLAS per Llama-3.1-8B projection and row count, Llama-3.1-8B AWQ-shaped at batch 1
     run int4-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/gemm/test_int4.py \
         tests/models/test_int4_checkpoints.py
-    run int4-probe python3 benchmarks/int4_probe.py
+    run int4-probe python3 benchmarks/int4_probe.py ${INT4_SWEEP:+--sweep}  # INT4_SWEEP=1: the GEMV's tiles too
     run latency-llama-int4 heron bench latency --model /tmp/shapes/llama3.1-8b-awq --load-format dummy \
         --save-result --result-name latency-llama3.1-8b-int4-bs1 --max-model-len 4096 ;;
   lora)  # issue 25: the gathered LoRA kernel and the engine with it against peft (float32) on the GPU, then the

@@ -1,10 +1,10 @@
-"""The W4A16 kernel (heron/kernels/gemm/int4.py) on Llama-3.1-8B's projections against bf16 cuBLAS, per row count (GPU).
+"""The W4A16 matmul (heron/kernels/gemm/int4.py) on Llama-3.1-8B's projections against bf16 cuBLAS, per row count (GPU).
 
 `python benchmarks/int4_probe.py [rows ...]`. For each projection and row count: microseconds per call of the
-int4 kernel (groups of 128 with zero points, AWQ's) and of bf16 F.linear, both by CUDA-graph replay over rotating
-weight copies (past the L2 cache), and the int4 kernel's weight read rate (packed weight + scales + zeros bytes /
-time) as a fraction of the copy bandwidth: the number `_config`'s tile sizes and split-K are tuned against. Then
-the sum over one decode step (32 layers). `--sweep` also times each (BLOCK_N, SPLIT_K) for the decode rows.
+int4 matmul (groups of 128 with zero points, AWQ's) and of bf16 F.linear, both by CUDA-graph replay over rotating
+weight copies (past the L2 cache), and the int4 weight's read rate (packed weight + scales + zeros bytes / time)
+as a fraction of the copy bandwidth: the number `_config`'s GEMV tiles and split-K are tuned against. Then the
+sum over one decode step (32 layers). `--sweep` also times GEMV tiles (BLOCK_N, BLOCK_K) at the decode rows.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, ".")
 from heron.bench.kernel_timing import time_graph  # noqa: E402
@@ -53,7 +54,7 @@ def main(rows: tuple[int, ...], sweep: bool) -> None:
             step[m][1] += LAYERS * t16
             print(
                 f"{name:8s} M={m:5d}  {t4 * 1e6:8.1f} | {t16 * 1e6:8.1f} | {nbytes / t4 / bw:.2f} ",
-                int4._config(m, n, k, GROUP),
+                int4._config(m, n, k, GROUP, dev),
             )
             if sweep and m <= int4.DECODE_ROWS:
                 _sweep(x, qs, n, k, m, nbytes, bw)
@@ -62,20 +63,29 @@ def main(rows: tuple[int, ...], sweep: bool) -> None:
 
 
 def _sweep(x, qs, n, k, m, nbytes, bw) -> None:
-    """Each (BLOCK_N, SPLIT_K) at a decode row count, by patching `_config` (the one place the choices live)."""
+    """GEMV tiles at a decode row count, by patching `_config` (the one place the choices live); split-K as
+    `_config` derives it from the tile count."""
     base = int4._config
-    for block_n in (32, 64, 128):
-        for split in (1, 2, 4, 8, 16):
-            cfg = dict(base(m, n, k, GROUP), BLOCK_N=block_n, SPLIT_K=split)
-            int4._config = lambda *_, cfg=cfg: cfg
-            try:
-                t = time_graph(lambda: [int4.int4_linear(x, **q) for q in qs], iters=1) / len(qs)
-                print(
-                    f"    BLOCK_N={block_n:3d} SPLIT_K={split:2d}: {t * 1e6:8.1f} us,",
-                    f"read fraction {nbytes / t / bw:.2f}",
-                )
-            finally:
-                int4._config = base
+    sizes = (
+        [(4, 1024), (8, 512), (8, 1024), (8, 2048), (16, 1024), (32, 512)]
+        if m == 1
+        else [(32, 128), (64, 128), (128, 128), (64, 256)]
+    )
+    for block_n, block_k in sizes:
+        split = max(
+            1,
+            min(
+                k // block_k,
+                2 * torch.cuda.get_device_properties(x.device).multi_processor_count // triton.cdiv(n, block_n),
+            ),
+        )
+        cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
+        int4._config = lambda *_, cfg=cfg: cfg
+        try:
+            t = time_graph(lambda: [int4.int4_linear(x, **q) for q in qs], iters=1) / len(qs)
+            print(f"    {cfg}: {t * 1e6:8.1f} us, read fraction {nbytes / t / bw:.2f}")
+        finally:
+            int4._config = base
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def test_pack_unpack_round_trip_and_awq_order():
     assert torch.equal(unpack_int4(awq, order=[0, 4, 1, 5, 2, 6, 3, 7]), q)
 
 
-@pytest.mark.parametrize("m", [1, 7, 64])  # split-K decode tiles (1, 7) and the prefill tile (64)
+@pytest.mark.parametrize("m", [1, 7, 64])  # the GEMV on the CUDA cores (1) and with tl.dot (7), dequantize (64)
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,6 +52,24 @@ def test_int4_linear_matches_dequantized_reference(m, group, zeros, dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert (y.float() - exact).abs().max() <= tol * exact.abs().max()
     assert (ref.float() - exact).abs().max() <= tol * exact.abs().max()
+
+
+@pytest.mark.parametrize(
+    "m, n, k, group",
+    [(1, 16, 2048, 128), (1, 24, 384, 384), (3, 24, 384, 384), (20, 24, 384, 384)],
+    ids=["fma-split-k", "fma-per-channel", "dot-per-channel", "dequantize-per-channel"],
+)
+def test_int4_linear_tiles_split_k_and_one_group_per_row(m, n, k, group):
+    """K split over programs (few rows for the SMs), and a group as long as K (GPTQ's group_size -1) that is no
+    power of two: a tile then sits inside the group."""
+    torch.manual_seed(k + m)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scale, zero = torch.rand(n, k // group) * 0.02 + 0.005, torch.randint(0, 16, (n, k // group), dtype=torch.uint8)
+    x, bias = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, dtype=torch.bfloat16)
+    args = dict(weight_scale=scale.to(DEVICE), weight_zero_point=zero.to(DEVICE))
+    y = int4_linear(x.to(DEVICE), pack_int4(q).to(DEVICE), bias.to(DEVICE), **args).cpu()
+    exact = x.float() @ dequantize_int4(pack_int4(q), scale, zero).t() + bias.float()
+    assert (y.float() - exact).abs().max() <= 2e-2 * exact.abs().max()
 
 
 def test_int4_linear_keeps_leading_dims_in_float16():
