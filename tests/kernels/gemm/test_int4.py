@@ -31,7 +31,7 @@ def test_pack_unpack_round_trip_and_awq_order():
     assert torch.equal(unpack_int4(awq, order=[0, 4, 1, 5, 2, 6, 3, 7]), q)
 
 
-@pytest.mark.parametrize("m", [1, 7, 64])  # the GEMV on the CUDA cores (1) and with tl.dot (7), dequantize (64)
+@pytest.mark.parametrize("m", [1, 7, 64])  # the GEMV (1, 7: rows padded to 8), dequantize then matmul (64)
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -57,7 +57,7 @@ def test_int4_linear_matches_dequantized_reference(m, group, zeros, dtype):
 @pytest.mark.parametrize(
     "m, n, k, group",
     [(1, 16, 2048, 128), (1, 24, 384, 384), (3, 24, 384, 384), (20, 24, 384, 384)],
-    ids=["fma-split-k", "fma-per-channel", "dot-per-channel", "dequantize-per-channel"],
+    ids=["split-k", "per-channel", "3-rows-per-channel", "dequantize-per-channel"],
 )
 def test_int4_linear_tiles_split_k_and_one_group_per_row(m, n, k, group):
     """K split over programs (few rows for the SMs), and a group as long as K (GPTQ's group_size -1) that is no
