@@ -4,7 +4,7 @@
 int4 matmul (groups of 128 with zero points, AWQ's) and of bf16 F.linear, both by CUDA-graph replay over rotating
 weight copies (past the L2 cache), and the int4 weight's read rate (packed weight + scales + zeros bytes / time)
 as a fraction of the copy bandwidth: the number `_config`'s GEMV tiles and split-K are tuned against. Then the
-sum over one decode step (32 layers). `--sweep` also times GEMV tiles (BLOCK_N, BLOCK_K) at the decode rows.
+sum over one decode step (32 layers). `--sweep` also times the one-row GEMV's tiles (BLOCK_N, BLOCK_K).
 """
 
 from __future__ import annotations
@@ -56,29 +56,19 @@ def main(rows: tuple[int, ...], sweep: bool) -> None:
                 f"{name:8s} M={m:5d}  {t4 * 1e6:8.1f} | {t16 * 1e6:8.1f} | {nbytes / t4 / bw:.2f} ",
                 int4._config(m, n, k, GROUP, dev),
             )
-            if sweep and m <= int4.DECODE_ROWS:
+            if sweep and m == 1:
                 _sweep(x, qs, n, k, m, nbytes, bw)
     for m, (t4, t16) in step.items():
         print(f"step (32 layers) M={m:5d}: int4 {t4 * 1e3:.3f} ms, bf16 {t16 * 1e3:.3f} ms, x{t16 / t4:.2f}")
 
 
 def _sweep(x, qs, n, k, m, nbytes, bw) -> None:
-    """GEMV tiles at a decode row count, by patching `_config` (the one place the choices live); split-K as
-    `_config` derives it from the tile count."""
+    """The one-row GEMV's tiles, by patching `_config` (the one place the choices live); split-K as `_config`
+    derives it from the tile count."""
     base = int4._config
-    sizes = (
-        [(4, 1024), (8, 512), (8, 1024), (8, 2048), (16, 1024), (32, 512)]
-        if m == 1
-        else [(32, 128), (64, 128), (128, 128), (64, 256)]
-    )
-    for block_n, block_k in sizes:
-        split = max(
-            1,
-            min(
-                k // block_k,
-                2 * torch.cuda.get_device_properties(x.device).multi_processor_count // triton.cdiv(n, block_n),
-            ),
-        )
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for block_n, block_k in [(4, 2048), (8, 1024), (8, 2048), (8, 4096), (16, 1024), (16, 2048)]:
+        split = max(1, min(k // block_k, 2 * sms // triton.cdiv(n, block_n)))
         cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
         int4._config = lambda *_, cfg=cfg: cfg
         try:

@@ -31,7 +31,7 @@ def test_pack_unpack_round_trip_and_awq_order():
     assert torch.equal(unpack_int4(awq, order=[0, 4, 1, 5, 2, 6, 3, 7]), q)
 
 
-@pytest.mark.parametrize("m", [1, 7, 64])  # the GEMV (1, 7: rows padded to 8), dequantize then matmul (64)
+@pytest.mark.parametrize("m", [1, 7, 64])  # the GEMV (1), the tensor-core kernel (7), dequantize then matmul (64)
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
