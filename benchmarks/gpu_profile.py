@@ -197,13 +197,14 @@ def timeline(
     profile_from: int | None = None,
     loras: list | None = None,
     structured=None,
-) -> None:
+) -> list[int]:
     """The offline benchmark's workload (by default 256 requests, 100-1024 in / out) step by step: the wall
     time between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
     first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
     kernels and idle gaps printed; the profiler slows those steps a little), and so do `profile_steps` steps
     from step `profile_from` whatever they are (a job's first prefill steps). `loras`: LoRARequests that the
-    requests take round robin; `structured`: StructuredOutputsParams every request takes."""
+    requests take round robin; `structured`: StructuredOutputsParams every request takes. Returns the number of
+    tokens each request generated."""
     from heron.bench.datasets import random_token_requests
 
     engine = llm.engine
@@ -216,7 +217,9 @@ def timeline(
         return batch
 
     engine.scheduler.schedule = recording
-    for i, r in enumerate(requests or random_token_requests()):
+    requests = requests or random_token_requests()
+    generated = [0] * len(requests)
+    for i, r in enumerate(requests):
         engine.add_request(
             f"t{i}",
             r.prompt_token_ids,
@@ -244,7 +247,8 @@ def timeline(
                 len(times),
             )
             prof.start()
-        engine.step()
+        for out in engine.step():
+            generated[int(out.request_id[1:])] = len(out.outputs[0].token_ids)
         now = time.perf_counter()
         times.append(now - start)
         left -= 1
@@ -279,6 +283,7 @@ def timeline(
             f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
             f"{1000 * sum(ts) / len(ts):8.2f} ms/step"
         )
+    return generated
 
 
 def many(llm: LLM, num_prompts: int = 20000) -> None:
@@ -338,12 +343,20 @@ def lora(shape_dir: str, adapters: list[str]) -> None:
 def structured(shape_dir: str, tokenizer: str) -> None:
     """Issue 20's workload: the offline one with every request under heron/bench/structured.py's JSON schema (the
     shapes' word-level tokenizers spell no JSON: `tokenizer`, a real one), its timeline with the kernels and the
-    GPU's idle gaps of a few decode steps at batch 256 and 128 (where a grammar step waits on the host)."""
+    GPU's idle gaps of a few decode steps at batch 256, 128 and 4 (where a grammar step waits on the host); then
+    the same requests unconstrained, each asked for the tokens its constrained run generated (as
+    heron/bench/structured.py's second arm), with the same profiled batch sizes: the two timelines' steps by
+    kind say where the constrained run's extra time goes."""
+    from heron.bench.datasets import BenchRequest, random_token_requests
     from heron.bench.structured import SCHEMA
     from heron.sampling_params import StructuredOutputsParams
 
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, tokenizer=tokenizer)
-    timeline(llm, profile_at=(256, 128), structured=StructuredOutputsParams(json=SCHEMA))
+    requests = random_token_requests()
+    print("== under the JSON schema")
+    lengths = timeline(llm, (256, 128, 4), requests=requests, structured=StructuredOutputsParams(json=SCHEMA))
+    print("== unconstrained, the same output lengths")
+    timeline(llm, (256, 128, 4), requests=[BenchRequest(r.prompt_token_ids, n) for r, n in zip(requests, lengths)])
 
 
 def _mean_context(engine) -> float:
