@@ -37,6 +37,7 @@ for s in $SECTIONS; do case $s in
   embed-tests)  # issue 21: LLM.embed on the GPU (float32, eager) against transformers on the CPU
     run embed-tests python3 -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_embed.py ;;
   gemv-sweep) run gemv-sweep python3 -m heron.bench.kernels --gemv --sweep ;;
+  gemv-moe) run gemv-moe python3 -m heron.bench.kernels --gemv --sweep --only 30b --rows 1 ;;  # issue 22's dense GEMVs
   gemv-fp8) run gemv-fp8 python3 -m heron.bench.kernels --gemv --fp8 --sweep --only llama ;;  # issue 24's batch 1
   prefill-sweep) run prefill-sweep python3 -m heron.bench.kernels --prefill-only --sweep ;;
   decode-sweep) run decode-sweep python3 -m heron.bench.kernels --decode-only --sweep ;;

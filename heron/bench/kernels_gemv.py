@@ -1,6 +1,7 @@
 """The decode weight GEMMs (GPU): heron.kernels.gemv against cuBLAS (and PyTorch's cuBLASLt past 16 rows) on the
-projections of Qwen3-0.6B, Llama-3.1-8B and Qwen3-8B; `python -m heron.bench.kernels --gemv [--sweep]`, the sweep
-searching gemv's configs per shape (its CONFIGS table comes from there)."""
+projections of Qwen3-0.6B, Llama-3.1-8B, Qwen3-8B and Qwen3-30B-A3B's attention and router; `python -m
+heron.bench.kernels --gemv [--sweep]`, the sweep searching gemv's configs per shape (its CONFIGS table comes from
+there)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ GEMV_MODELS = {
         36,
         [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
         ("lm_head", 151936, 4096),
+    ),
+    "Qwen3-30B-A3B": (  # its dense GEMVs at batch 1 (the experts are heron.kernels.moe_gemv's: `--moe`)
+        48,
+        [("qkv", 5120, 2048), ("o", 2048, 4096), ("router", 128, 2048)],
+        ("lm_head", 151936, 2048),
     ),
 }
 
@@ -172,7 +178,7 @@ def _gemv_sweep(n: int, k: int, xs: dict, weights: list[torch.Tensor], default: 
 def bench_gemv(sweep: bool = False, only: str | None = None, rows: tuple[int, ...] = GEMV_ROWS) -> None:
     """Decode GEMMs y = x @ W^T (bf16, M rows): heron.kernels.gemv with its default configs against F.linear
     (cuBLAS), both by CUDA-graph replay over rotating weight copies, for the per-layer matrices and the LM head
-    of Qwen3-0.6B, Llama-3.1-8B and Qwen3-8B; then per model the sum over one decode step (layers x per-layer + head).
+    of the GEMV_MODELS; then per model the sum over one decode step (layers x per-layer + head).
     TB/s counts the weight bytes. `sweep`: also search `_gemv_candidates` per shape and print the best."""
     import torch.nn.functional as F
 
