@@ -4,11 +4,13 @@
 int4 matmul (groups of 128 with zero points, AWQ's) and of bf16 F.linear, both by CUDA-graph replay over rotating
 weight copies (past the L2 cache), and the int4 weight's read rate (packed weight + scales + zeros bytes / time)
 as a fraction of the copy bandwidth: the number `_config`'s GEMV tiles and split-K are tuned against. Then the
-sum over one decode step (32 layers). `--sweep` also times the one-row GEMV's tiles (BLOCK_N, BLOCK_K).
+sum over one decode step (32 layers). `--sweep` also times the one-row GEMV's tiles (BLOCK_N, BLOCK_K), each
+with and without MAGIC (nibbles made floats through the mantissa of 2^23).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import torch
@@ -67,9 +69,10 @@ def _sweep(x, qs, n, k, m, nbytes, bw) -> None:
     derives it from the tile count."""
     base = int4._config
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    for block_n, block_k in [(4, 2048), (8, 1024), (8, 2048), (8, 4096), (16, 1024), (16, 2048)]:
+    sizes = [(4, 2048), (8, 1024), (8, 2048), (8, 4096), (16, 1024), (16, 2048)]
+    for (block_n, block_k), magic in itertools.product(sizes, (False, True)):
         split = max(1, min(k // block_k, 2 * sms // triton.cdiv(n, block_n)))
-        cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
+        cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, MAGIC=magic)
         int4._config = lambda *_, cfg=cfg: cfg
         try:
             t = time_graph(lambda: [int4.int4_linear(x, **q) for q in qs], iters=1) / len(qs)

@@ -59,9 +59,12 @@ def _dequantized_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     TILE_GROUPS: tl.constexpr,
+    MAGIC: tl.constexpr,
 ):
     """Tile t of K: (q - zero) [BLOCK_N, TILE_GROUPS, BLOCK_K / TILE_GROUPS] as float32 integers, and the
-    slices' scales [BLOCK_N, TILE_GROUPS, 1]."""
+    slices' scales [BLOCK_N, TILE_GROUPS, 1]. MAGIC: the floats without a conversion instruction (a quarter of
+    the FMA rate on Hopper): a nibble OR-ed into the mantissa of 2^23 is the float 2^23 + q, and one
+    subtraction of 2^23 + zero leaves q - zero exactly."""
     words = tl.load(
         w_ptr + offs_n[:, None] * stride_wn + (t * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8))[None, :],
         mask=n_mask[:, None],
@@ -76,6 +79,8 @@ def _dequantized_tile(
         zero = tl.load(z_ptr + sz, mask=n_mask[:, None], other=0).to(tl.int32)[:, :, None]
     else:
         zero = 8
+    if MAGIC:
+        return (q | 0x4B000000).to(tl.float32, bitcast=True) - (zero + 8388608.0), scale
     return (q - zero).to(tl.float32), scale
 
 
@@ -100,6 +105,7 @@ def _gemv_kernel(
     TILE_GROUPS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
+    MAGIC: tl.constexpr,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -109,7 +115,7 @@ def _gemv_kernel(
     for t in tl.range(pid_k, K // BLOCK_K, SPLIT_K, num_stages=STAGES):
         q, scale = _dequantized_tile(
             w_ptr, s_ptr, z_ptr, offs_n, n_mask, t, group_size, stride_wn, stride_sn,
-            HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS,
+            HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS, MAGIC,
         )  # fmt: skip
         x = tl.load(x_ptr + t * BLOCK_K + offs_k).to(tl.float32)
         x = tl.reshape(x, (1, TILE_GROUPS, BLOCK_K // TILE_GROUPS))
@@ -198,7 +204,7 @@ def _dequantize_kernel(
     n_mask = offs_n < N
     q, scale = _dequantized_tile(
         w_ptr, s_ptr, z_ptr, offs_n, n_mask, t, group_size, stride_wn, stride_sn,
-        HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS,
+        HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS, False,
     )  # fmt: skip
     w = tl.reshape(q * scale, (BLOCK_N, BLOCK_K))
     ptrs = out_ptr + offs_n[:, None] * stride_on + (t * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
@@ -216,13 +222,14 @@ def _block_k(k: int, group_size: int, largest: int) -> int:
 
 def _config(m: int, n: int, k: int, group_size: int, device: torch.device) -> dict[str, int]:
     """One call's kernel configuration. One row: 2048 inputs (1 KiB) a row a tile, 8 rows a program (the best of
-    the H100 sweep), K split only where the row tiles would not fill the SMs twice. 2-16 rows: BLOCK_K the
-    largest of 128..16 dividing the group, [16, 64] tiles, K split until the grid holds about
+    the H100 sweep), K split only where the row tiles would not fill the SMs twice, nibbles converted to floats
+    (MAGIC, the conversion-free form, is in `benchmarks/int4_probe.py --sweep`, not yet measured). 2-16 rows:
+    BLOCK_K the largest of 128..16 dividing the group, [16, 64] tiles, K split until the grid holds about
     `_DECODE_PROGRAMS` programs. Past 16 rows: dequantize in [32, 256] tiles."""
     if m == 1:
         block_n, block_k = 8, _block_k(k, group_size, 2048)
         split = max(1, min(k // block_k, 2 * num_sms(device) // triton.cdiv(n, block_n)))
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, STAGES=4, num_warps=4)
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, STAGES=4, MAGIC=False, num_warps=4)
     if m <= DECODE_ROWS:
         block_k = next(b for b in (128, 64, 32, 16) if group_size % b == 0)
         n_tiles, k_tiles = triton.cdiv(n, 64), k // block_k
