@@ -5,7 +5,8 @@ engine's own StructuredOutputManager: `accept` (a step's tokens to their matcher
 LLMEngine._accept_grammar) then `fill_bitmask` (the next step's masks, as LLMEngine._grammar_masks), with each
 --threads count (default 1 and 2). Reports microseconds per accepted token and milliseconds per step for each,
 and whether xgrammar's `accept_token` runs in parallel on n threads (the GIL released: ~n x tokens/s on n free
-cores; the process's CPU time over wall time above 1 shows that the threads overlapped at all).
+cores; the process's CPU time over wall time above 1 shows that the threads overlapped at all). Then a small
+step's fill (4 and 16 rows) on the calling thread against a hand-off to the fill thread.
 
 The token sequences are made first, untimed: every sequence walks its mask, drawing uniformly (seeded) among
 the allowed tokens, until its object closes (EOS) or --max-tokens; the timed replay feeds the same tokens to
@@ -29,6 +30,7 @@ import torch
 
 from heron.bench.report import finish
 from heron.bench.structured import SCHEMA
+from heron.engine import structured_output
 from heron.engine.structured_output import StructuredOutputManager
 from heron.sampling_params import StructuredOutputsParams
 
@@ -105,6 +107,25 @@ def raw_accept(manager, compiled, stop: list[int], seqs: list[list[int]], thread
     return sum(map(len, seqs)) / wall, (time.process_time() - cpu) / wall
 
 
+def small_fills(manager: StructuredOutputManager, compiled, stop: list[int], seqs: list[list[int]]) -> dict:
+    """A small step's fill as the engine calls it (`fill_bitmask_async(...).result()`), at 4 and 16 rows: on the
+    calling thread (the default under MIN_THREAD_FILL_ROWS) against a hand-off to the fill thread, alternated,
+    microseconds (median of 200 each)."""
+    out = {}
+    for n in (4, 16):
+        matchers = [manager.matcher(compiled, stop) for _ in range(n)]
+        manager.accept(matchers, [s[0] for s in seqs[:n]])
+        times: dict[str, list[float]] = {"inline": [], "thread": []}
+        for _ in range(200):
+            for mode, rows in (("inline", structured_output.MIN_THREAD_FILL_ROWS), ("thread", 0)):
+                structured_output.MIN_THREAD_FILL_ROWS = rows
+                start = time.perf_counter()
+                manager.fill_bitmask_async(matchers).result()
+                times[mode].append(time.perf_counter() - start)
+        out[n] = {mode: float(np.median(t)) * 1e6 for mode, t in times.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-seqs", type=int, default=256)
@@ -150,6 +171,14 @@ def main() -> None:
             f" (this thread's CPU {r['cpu']['accept'] / tokens * 1e6:.2f} us/token), fill {fill_ms:.2f} ms/step;"
             f" raw accept_token on {n} thread(s): {rates[n]:,.0f} tokens/s, CPU/wall {parallel:.2f}"
         )
+    small = small_fills(walker, walker.compile(params).result(), stop, seqs)
+    metrics["small_step_fill_us"] = small
+    rows.append(
+        "a small step's fill: "
+        + ", ".join(
+            f"{n} rows {t['inline']:.0f} us inline, {t['thread']:.0f} through the thread" for n, t in small.items()
+        )
+    )
     for n in rates:
         if n > 1 and 1 in rates:
             metrics[f"accept_token_{n}_threads_speedup"] = rates[n] / rates[1]

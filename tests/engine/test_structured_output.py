@@ -153,10 +153,15 @@ def test_json_regex_and_choice_outputs_match_and_free_rows_are_unchanged(embedde
     assert outs[8][0].token_ids == alone.token_ids
 
 
-def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(embedded_llm, monkeypatch):
+@pytest.mark.parametrize("thread_rows, fill_thread", [(1, "heron-grammar-fill"), (None, "MainThread")])
+def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(
+    embedded_llm, monkeypatch, thread_rows, fill_thread
+):
     """Step t + 1's host work (scheduling, inputs) overlaps step t's forward pass: step t's sampling, which
-    waits for its masks (filled on their own thread meanwhile), is launched after step t + 1 is prepared, then
-    step t + 1's forward."""
+    waits for its masks (filled on their own thread meanwhile, or at once for a step of fewer rows than
+    MIN_THREAD_FILL_ROWS), is launched after step t + 1 is prepared, then step t + 1's forward."""
+    if thread_rows is not None:
+        monkeypatch.setattr(structured_output, "MIN_THREAD_FILL_ROWS", thread_rows)
     runner, calls, fills = embedded_llm.engine.runner, [], []
     for name in ("prepare", "launch", "sample"):
         method = getattr(runner, name)
@@ -170,8 +175,9 @@ def test_a_grammar_steps_draw_waits_until_the_next_step_is_prepared(embedded_llm
     assert re.fullmatch("[a-z]+", out.text) and len(out.token_ids) == 6
     # prefill, then five decode steps each drawing the step before's tokens; the last draw ends the request
     assert "".join(calls) == "pl" + "psl" * 5 + "s"
-    # each step's masks are filled on the manager's thread while the main one schedules the next step
-    assert len(fills) == 6 and all(name.startswith("heron-grammar-fill") for name in fills)
+    # each step's masks are filled on the manager's thread while the main one schedules the next step (a step
+    # of one row: on the main thread, at once)
+    assert len(fills) == 6 and all(name.startswith(fill_thread) for name in fills)
 
 
 def test_a_grammar_step_whose_tokens_the_next_needs_draws_at_once_and_an_abort_mid_step_is_clean(
