@@ -111,18 +111,19 @@ def small_fills(manager: StructuredOutputManager, compiled, stop: list[int], seq
     """A small step's fill as the engine calls it (`fill_bitmask_async(...).result()`), at 4 and 16 rows: on the
     calling thread (the default under MIN_THREAD_FILL_ROWS) against a hand-off to the fill thread, alternated,
     microseconds (median of 200 each)."""
-    out = {}
+    out, default = {}, structured_output.MIN_THREAD_FILL_ROWS
     for n in (4, 16):
         matchers = [manager.matcher(compiled, stop) for _ in range(n)]
         manager.accept(matchers, [s[0] for s in seqs[:n]])
         times: dict[str, list[float]] = {"inline": [], "thread": []}
         for _ in range(200):
-            for mode, rows in (("inline", structured_output.MIN_THREAD_FILL_ROWS), ("thread", 0)):
+            for mode, rows in (("inline", default), ("thread", 0)):
                 structured_output.MIN_THREAD_FILL_ROWS = rows
                 start = time.perf_counter()
                 manager.fill_bitmask_async(matchers).result()
                 times[mode].append(time.perf_counter() - start)
         out[n] = {mode: float(np.median(t)) * 1e6 for mode, t in times.items()}
+    structured_output.MIN_THREAD_FILL_ROWS = default
     return out
 
 
