@@ -50,8 +50,8 @@ from heron.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 128  # compiled grammars kept (a JSON schema's takes some kB to a few MB)
 MIN_ACCEPT_ROWS = 64  # a pool thread's share of a step's accepts (~1.5 us each): well over a hand-off's cost
-# Fewer rows than this fill on the caller's thread: handing a fill to the fill thread and back cost ~0.1 ms on
-# the CI CPU (4 rows: 0.21 ms through the thread against 0.13 inline), more than a small step's fill.
+# Fewer rows than this fill on the caller's thread: the hand-off to the fill thread and back cost more than a
+# small step's fill (the CI machine, `cpu-grammar-host`: 4 rows 101 us inline, 160 through the thread).
 MIN_THREAD_FILL_ROWS = 32
 
 
