@@ -399,9 +399,10 @@ class LLMEngine:
 
         Structured outputs (structured_output.py): a step t with rows under a grammar launches its forward
         pass and returns; its draw waits for its token masks, which need step t - 1's tokens (every matcher
-        takes its sequence's last token). The next iteration reads step t - 1 back, fills step t's masks on a
-        thread while it schedules step t + 1 and prepares its inputs, then launches step t's sampling and step
-        t + 1's forward: the host's work of two steps runs while step t's forward does."""
+        takes its sequence's last token). The next iteration reads step t - 1 back, fills step t's masks (on a
+        thread while it schedules step t + 1 and prepares its inputs; a small step's at once), then launches
+        step t's sampling and step t + 1's forward: the host's work of two steps runs while step t's forward
+        does."""
         touched: dict[str, Request] = {}
         if self._compiling:
             idle = self._inflight is None and self._unsampled is None
