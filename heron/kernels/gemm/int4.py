@@ -272,23 +272,21 @@ def int4_linear(
     out = torch.empty(
         (split, m, n) if split > 1 else (m, n), device=x.device, dtype=torch.float32 if split > 1 else x.dtype
     )
+    bias_in_kernel = m == 1 and split == 1
     if m == 1:
         _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
             x2, weight, weight_scale, zeros, bias if bias is not None else weight_scale, out, n, k, group_size,
             weight.stride(0), weight_scale.stride(0), n,
-            HAS_ZEROS=has_zeros, HAS_BIAS=bias is not None and split == 1,
+            HAS_ZEROS=has_zeros, HAS_BIAS=bias is not None and bias_in_kernel,
             TILE_GROUPS=max(1, cfg["BLOCK_K"] // group_size), **cfg,
         )  # fmt: skip
-        if split > 1:
-            out = out.sum(0) if bias is None else out.sum(0) + bias
-        return out.to(x.dtype).reshape(*shape[:-1], n)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
-    _w4a16_kernel[grid](
-        x2, weight, weight_scale, zeros, out, m, n, k, group_size, x2.stride(0), weight.stride(0),
-        weight_scale.stride(0), n, m * n,
-        HAS_ZEROS=has_zeros, FP32=x.dtype == torch.float32 or dot_upcast(), **cfg,  # fp32 operands off the GPU
-    )  # fmt: skip
+    else:
+        _w4a16_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
+            x2, weight, weight_scale, zeros, out, m, n, k, group_size, x2.stride(0), weight.stride(0),
+            weight_scale.stride(0), n, m * n,
+            HAS_ZEROS=has_zeros, FP32=x.dtype == torch.float32 or dot_upcast(), **cfg,  # fp32 operands off the GPU
+        )  # fmt: skip
     y = out.sum(0) if split > 1 else out
-    if bias is not None:
+    if bias is not None and not bias_in_kernel:
         y = y + bias
     return y.to(x.dtype).reshape(*shape[:-1], n)
