@@ -218,7 +218,7 @@ def timeline(
 
     engine.scheduler.schedule = recording
     requests = requests or random_token_requests()
-    generated = [0] * len(requests)
+    generated: dict[str, int] = {}
     for i, r in enumerate(requests):
         engine.add_request(
             f"t{i}",
@@ -248,7 +248,7 @@ def timeline(
             )
             prof.start()
         for out in engine.step():
-            generated[int(out.request_id[1:])] = len(out.outputs[0].token_ids)
+            generated[out.request_id] = len(out.outputs[0].token_ids)
         now = time.perf_counter()
         times.append(now - start)
         left -= 1
@@ -283,7 +283,7 @@ def timeline(
             f"  {key:22s} {len(ts):5d} steps {sum(ts):7.2f} s ({100 * sum(ts) / total:4.1f}%) "
             f"{1000 * sum(ts) / len(ts):8.2f} ms/step"
         )
-    return generated
+    return [generated[f"t{i}"] for i in range(len(requests))]
 
 
 def many(llm: LLM, num_prompts: int = 20000) -> None:

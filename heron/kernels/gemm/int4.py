@@ -261,11 +261,12 @@ def int4_linear(
     cfg = _config(m, n, k, group_size, x.device)
     zeros = weight_scale if weight_zero_point is None else weight_zero_point
     has_zeros = weight_zero_point is not None
+    tile_groups = max(1, cfg["BLOCK_K"] // group_size)  # (the GEMV's and the dequantize kernel's tiles)
     if m > DECODE_ROWS:
         w = torch.empty(n, k, device=x.device, dtype=x.dtype)
         _dequantize_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), k // cfg["BLOCK_K"])](
             weight, weight_scale, zeros, w, n, group_size, weight.stride(0), weight_scale.stride(0), k,
-            HAS_ZEROS=has_zeros, TILE_GROUPS=max(1, cfg["BLOCK_K"] // group_size), **cfg,
+            HAS_ZEROS=has_zeros, TILE_GROUPS=tile_groups, **cfg,
         )  # fmt: skip
         return F.linear(x2, w, bias).reshape(*shape[:-1], n)
     split = cfg["SPLIT_K"]
@@ -278,7 +279,7 @@ def int4_linear(
             x2, weight, weight_scale, zeros, bias if bias is not None else weight_scale, out, n, k, group_size,
             weight.stride(0), weight_scale.stride(0), n,
             HAS_ZEROS=has_zeros, HAS_BIAS=bias is not None and bias_in_kernel,
-            TILE_GROUPS=max(1, cfg["BLOCK_K"] // group_size), **cfg,
+            TILE_GROUPS=tile_groups, **cfg,
         )  # fmt: skip
     else:
         _w4a16_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
