@@ -125,7 +125,7 @@ for s in $SECTIONS; do case $s in
         --gpu-monitor --save-result --result-name offline-gpumon-qwen3-0.6b ;;
   profile-8b) run profile-8b python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b ;;
   profile-prefix) run profile-prefix python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b prefix ;;  # issue 26
-  profile-lora)  # issue 25: the LoRA workload's timeline, kernels of its decode steps at 256 and 128, two prefills
+  profile-lora)  # issue 25: the LoRA workload's timeline, kernels of its decode steps at 256, 128 and 1, two prefills
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run profile-lora python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b lora /tmp/loras-qwen3-8b/lora* ;;
   profile-structured)  # issue 20: the structured workload's timeline, kernels and idle gaps of its decode steps
@@ -134,6 +134,13 @@ for s in $SECTIONS; do case $s in
     run profile-structured python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-0.6b structured "$TOK" ;;
   profile-fp8)  # issue 24: Qwen3-8B with FP8 weights: its kernels at batch 256 and 1, and the offline timeline
     run profile-fp8 python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-8b fp8 kernels timeline ;;
+  profile-int4)  # issue 24: Llama-3.1-8B AWQ-shaped (int4 weights): its kernels at batch 256 and 1
+    run profile-int4 python3 benchmarks/gpu_profile.py /tmp/shapes/llama3.1-8b-awq kernels ;;
+  ncu-gemv)  # issue 24: the batch-1 MLP matmuls (int4, float8, bf16 GEMVs) under Nsight Compute: DRAM throughput
+    # against the busiest pipe and the warps' stall reasons (benchmarks/ncu_gemv.py)
+    run ncu-gemv ncu --clock-control none --kernel-name regex:gemv --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section InstructionStats python3 benchmarks/ncu_gemv.py ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   latency)
@@ -194,11 +201,14 @@ for s in $SECTIONS; do case $s in
     # Where the embedded model's package is absent (the device image), carry its tokenizer: STRUCTURED_TOKENIZER=DIR.
     TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
     [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
-    # the host's grammar work per step alone (accept, fill) with 1, 4 and 8 threads on this host's cores
-    run grammar-host python3 benchmarks/grammar_host.py --tokenizer "$TOK" --threads 1 4 8
+    run bitmask-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_token_bitmask.py
     run structured-qwen3-0.6b heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy \
         --tokenizer "$TOK" --structured-output json-schema --no-limit \
         --save-result --result-name structured-qwen3-0.6b --max-model-len 4096 ;;
+  grammar-host)  # issue 20: the host's grammar work per step alone (accept, fill) with 1, 4 and 8 threads
+    TOK=${STRUCTURED_TOKENIZER:-/tmp/shapes/smollm2-tokenizer}
+    [ -d "$TOK" ] || python3 -c "from heron.models.loader import load_source; load_source(None).tokenizer.save_pretrained('$TOK')"
+    run grammar-host python3 benchmarks/grammar_host.py --tokenizer "$TOK" --threads 1 4 8 ;;
   gemma)  # issue 22's dense half: the attention variants' and GeGLU's kernel tests on the GPU (Gemma 2's shapes:
     # head_dim 256, window, soft cap), Gemma 2 against transformers (fp32 greedy, bf16 logits, 128-token window),
     # then the offline workload on Gemma 2 9B's shapes (`offline-gemma2-9b`)

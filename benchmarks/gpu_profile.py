@@ -69,8 +69,9 @@ def profile(llm: LLM, batch: int, prompt_len: int, steps: int, temperature: floa
     print(f"  forward+rest    {1000 * (sorted(whole)[len(whole) // 2] - parts):8.3f}")
 
 
-def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
-    """GPU time by kernel over `steps` unsynchronised decode steps, against their wall time."""
+def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int, lora_request=None) -> None:
+    """GPU time by kernel over `steps` unsynchronised decode steps, against their wall time (every request with
+    `lora_request`, if given)."""
     engine = llm.engine
     g = torch.Generator().manual_seed(1)
     for i in range(batch):
@@ -80,6 +81,7 @@ def kernel_table(llm: LLM, batch: int, prompt_len: int, steps: int) -> None:
             SamplingParams(
                 temperature=0.6, max_tokens=steps + 8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
             ),
+            lora_request=lora_request,
         )
     while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
@@ -332,12 +334,14 @@ def prefix(llm: LLM) -> None:
 
 def lora(shape_dir: str, adapters: list[str]) -> None:
     """Issue 25's workload: the offline one with the adapters round robin (`gpu_check.sh lora` makes them), its
-    timeline with the kernels of a few decode steps at batch 256 and 128 and of two prefill steps."""
+    timeline with the kernels of a few decode steps at batch 256 and 128 and of two prefill steps; then the
+    kernels of batch-1 decode steps with one adapter (the latency benchmark's case)."""
     from heron.lora_request import LoRARequest
 
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, enable_lora=True, max_loras=8, max_lora_rank=16)
     loras = [LoRARequest(f"lora{i}", i + 1, path) for i, path in enumerate(adapters)]
     timeline(llm, profile_at=(256, 128), profile_from=1, profile_steps=2, loras=loras)
+    kernel_table(llm, 1, 128, 20, lora_request=loras[0])
 
 
 def structured(shape_dir: str, tokenizer: str) -> None:
@@ -345,8 +349,8 @@ def structured(shape_dir: str, tokenizer: str) -> None:
     shapes' word-level tokenizers spell no JSON: `tokenizer`, a real one), its timeline with the kernels and the
     GPU's idle gaps of a few decode steps at batch 256, 128 and 4 (where a grammar step waits on the host); then
     the same requests unconstrained, each asked for the tokens its constrained run generated (as
-    heron/bench/structured.py's second arm), with the same profiled batch sizes: the two timelines' steps by
-    kind say where the constrained run's extra time goes."""
+    heron/bench/structured.py's second arm, the prefix cache reset), with the same profiled batch sizes: the
+    two timelines' steps by kind say where the constrained run's extra time goes."""
     from heron.bench.datasets import BenchRequest, random_token_requests
     from heron.bench.structured import SCHEMA
     from heron.sampling_params import StructuredOutputsParams
@@ -356,6 +360,7 @@ def structured(shape_dir: str, tokenizer: str) -> None:
     print("== under the JSON schema")
     lengths = timeline(llm, (256, 128, 4), requests=requests, structured=StructuredOutputsParams(json=SCHEMA))
     print("== unconstrained, the same output lengths")
+    llm.reset_prefix_cache()  # (its prompts would be the first arm's cache hits)
     timeline(llm, (256, 128, 4), requests=[BenchRequest(r.prompt_token_ids, n) for r, n in zip(requests, lengths)])
 
 

@@ -6,7 +6,8 @@ A grammar ends a request when its object closes, which with random (dummy) weigh
 max_tokens. So the constrained arm runs first (ignore_eos; max_tokens the workload's output length), and the
 unconstrained arm then asks each request for exactly the tokens its constrained run generated (ignore_eos):
 both arms generate the same tokens per request, in the same batch shapes, and `ratio_vs_unconstrained` is
-the ratio of their output tokens/s. The schema's compile time is recorded cold (a new compiler) and cached."""
+the ratio of their output tokens/s. The prefix cache is reset before each arm: both compute every prompt.
+The schema's compile time is recorded cold (a new compiler) and cached."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def time_both(llm, requests: list[BenchRequest], temperature: float, sync) -> di
     prompts = [r.prompt_token_ids for r in requests]
 
     def timed(params: list[SamplingParams]) -> tuple[float, list[int]]:
+        if not llm.reset_prefix_cache():  # each arm computes its prompts (they would be the second one's cache hits)
+            raise RuntimeError("The prefix cache could not be reset: requests are still running.")
         sync(llm)
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -68,6 +68,15 @@ class BlockManager:
             hits.pop()
         return hits
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's `reset_prefix_cache` (a benchmark's arms on the same prompts
+        each compute them): only while no sequence holds a block; False, with nothing changed, otherwise."""
+        if len(self.free) != self.num_blocks:
+            return False
+        self.hash_to_block.clear()
+        self.block_hash = [None] * self.num_blocks
+        return True
+
     # -- allocation --------------------------------------------------------------------------------
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> list[tuple[int, int]] | None:

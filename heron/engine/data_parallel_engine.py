@@ -95,6 +95,9 @@ class DataParallelLLMEngine:
         if (reader := self._running.pop(request_id, None)) is not None:
             reader.cancel()
 
+    def reset_prefix_cache(self) -> bool:
+        raise NotImplementedError("reset_prefix_cache is not supported with data_parallel_size > 1.")
+
     def shutdown(self) -> None:
         self._client.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -368,6 +368,10 @@ class LLMEngine:
         """Drop an adapter from the host cache; its requests still queued read it again when they run."""
         return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache's blocks (BlockManager.reset_prefix_cache); False while a request holds any."""
+        return not self.has_unfinished() and self.block_manager.reset_prefix_cache()
+
     def has_unfinished(self) -> bool:
         busy = self._inflight is not None or self._unsampled is not None
         return self.scheduler.has_unfinished() or busy or bool(self._compiling)

@@ -136,6 +136,11 @@ class LLM:
         """Stop the tensor-parallel worker processes, if any (done at exit otherwise)."""
         self.engine.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache, so that the next requests compute their prompts' KV again (vLLM's name);
+        False, with nothing changed, while requests are running."""
+        return self.engine.reset_prefix_cache()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

@@ -263,14 +263,16 @@ class ModelRunner:
         step and the LM head at batch sizes 1, 2, 4, ..., max_num_seqs (the split-KV partition count, a
         compile-time constant of the decode kernel, is a power of two chosen from the batch size; the GEMV
         has a one-row and a many-row kernel), and the sampling kernel at as many row counts (its split plan
-        depends on them), with and without a logit threshold. With cascade attention, the mixed step again with
-        the cascade kernels, its prompt a block long (past the rows below which launches skip PDL, as an eager
-        step's): the mixed graphs hold max_num_seqs rows, one partition count, and a larger mixed step run
-        eagerly with fewer sequences would compile its own in the middle of a job. (What a captured graph's step
-        picks compiles in capture_cuda_graphs' eager runs, at start-up too.)"""
+        depends on them), with and without a logit threshold; structured outputs' token mask once (one variant
+        for any row count). With cascade attention, the mixed step again with the cascade kernels, its prompt a
+        block long (past the rows below which launches skip PDL, as an eager step's): the mixed graphs hold
+        max_num_seqs rows, one partition count, and a larger mixed step run eagerly with fewer sequences would
+        compile its own in the middle of a job. (What a captured graph's step picks compiles in
+        capture_cuda_graphs' eager runs, at start-up too.)"""
         if self.device.type != "cuda":
             return
         from heron.kernels.sampling import sample_tokens
+        from heron.kernels.token_bitmask import apply_token_bitmask_
 
         start = time.perf_counter()
         vocab = self.model_cfg.vocab_size
@@ -289,6 +291,7 @@ class ModelRunner:
                 seeds = torch.zeros(size, dtype=torch.int64, device=self.device)
                 for thresholds in (None, temperature):
                     sample_tokens(logits, temperature, thresholds, seeds, seeds)
+            apply_token_bitmask_(logits, torch.full((1, -(-vocab // 32)), -1, dtype=torch.int32, device=self.device))
         torch.cuda.synchronize(self.device)
         logger.info("compiled the kernels' variants in %.1f s", time.perf_counter() - start)
 

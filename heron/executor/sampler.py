@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from heron.batch import SamplingSpec
+from heron.kernels.reference import apply_token_bitmask_ref
 
 _M1 = -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
 _M2 = -7723592293110705685  # 0x94d049bb133111eb
@@ -382,12 +383,13 @@ class Sampler:
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Structured outputs' mask, in place: -inf on each row's tokens whose bit is 0 in `bitmask` [R, ceil(V / 32)]
-    int32 (bit v % 32 of word v // 32: token v is allowed; xgrammar's layout), by xgrammar's own kernel (one
-    Triton launch on a GPU, its C++ on the CPU), after a captured graph's logits. Returns `logits`."""
-    import xgrammar  # (only constrained steps come here)
+    int32 (xgrammar's layout), after a captured graph's logits: heron/kernels/token_bitmask.py's kernel on a GPU,
+    its reference elsewhere. Returns `logits`."""
+    if logits.is_cuda:
+        from heron.kernels.token_bitmask import apply_token_bitmask_
 
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]])
-    return logits
+        return apply_token_bitmask_(logits, bitmask)
+    return apply_token_bitmask_ref(logits, bitmask)
 
 
 def gather_logprobs(

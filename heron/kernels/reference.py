@@ -340,3 +340,12 @@ def int4_linear_ref(
     """heron/kernels/gemm/int4.py's `int4_linear` by dequantize-then-matmul in float32, the output in x's dtype."""
     w = dequantize_int4(weight, weight_scale, weight_zero_point)
     return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+
+
+def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """heron/kernels/token_bitmask.py's `apply_token_bitmask_`: logits [R, V] -inf, in place, where bit v % 32 of
+    bitmask [>= R, W] int32 word v // 32 is 0; tokens past 32 * W are left as they are. Returns logits."""
+    rows, vocab = logits.shape[0], min(logits.shape[1], 32 * bitmask.shape[1])
+    bits = (bitmask[:rows, :, None] >> torch.arange(32, device=bitmask.device, dtype=torch.int32)) & 1
+    logits[:, :vocab].masked_fill_(bits.reshape(rows, -1)[:, :vocab] == 0, float("-inf"))
+    return logits

@@ -77,6 +77,25 @@ def test_freed_cached_blocks_survive_until_evicted_lru():
     assert len(bm.find_cached(make_seq([5, 6, 7, 8, 0], "b2"))) == 2
 
 
+def test_reset_prefix_cache_forgets_cached_blocks_only_when_none_is_held():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(9)))
+    compute(bm, a, 9)
+    held = make_seq(list(range(50, 54)), "held")
+    compute(bm, held, 4)
+    bm.free_seq(a)
+    assert len(bm.find_cached(make_seq(list(range(9)), "a2"))) == 2
+    assert not bm.reset_prefix_cache()  # `held` still holds a block: nothing changes
+    assert len(bm.find_cached(make_seq(list(range(9)), "a3"))) == 2
+    bm.free_seq(held)
+    assert bm.reset_prefix_cache()
+    assert bm.find_cached(make_seq(list(range(9)), "a4")) == [] and not bm.hash_to_block
+    assert no_leaks(bm)
+    b = make_seq(list(range(9)), "b")
+    compute(bm, b, 9)  # the blocks are found again once recomputed
+    assert len(bm.find_cached(make_seq(list(range(9)), "b2"))) == 2
+
+
 def test_uncached_free_blocks_are_used_before_cached_ones():
     bm = BlockManager(num_blocks=4, block_size=2)
     a = make_seq([1, 2, 3, 4])

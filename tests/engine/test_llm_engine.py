@@ -73,6 +73,20 @@ def test_generated_blocks_enter_the_prefix_cache(embedded_llm):
     assert engine.block_manager.prefix_hits - hits == (len(prompt) + 4 * bs - 1) // bs * bs
 
 
+def test_reset_prefix_cache_makes_the_same_prompt_compute_again(embedded_llm):
+    engine = embedded_llm.engine
+    prompt = engine.tokenize("A heron stands in the shallows, waiting for a fish to come close enough to catch.")
+    params = SamplingParams(temperature=0, max_tokens=2)
+    first = embedded_llm.generate([prompt], params, use_tqdm=False)[0]
+    hits = engine.block_manager.prefix_hits
+    assert embedded_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == first.outputs[0].token_ids
+    assert engine.block_manager.prefix_hits > hits  # the second run found the first's blocks
+    assert embedded_llm.reset_prefix_cache()
+    hits = engine.block_manager.prefix_hits
+    again = embedded_llm.generate([prompt], params, use_tqdm=False)[0]
+    assert engine.block_manager.prefix_hits == hits and again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
 def test_final_only_returns_nothing_until_the_end(embedded_llm):
     engine = embedded_llm.engine
     params = SamplingParams(temperature=0, max_tokens=8, output_kind=RequestOutputKind.FINAL_ONLY)
