@@ -291,7 +291,8 @@ class ModelRunner:
                 seeds = torch.zeros(size, dtype=torch.int64, device=self.device)
                 for thresholds in (None, temperature):
                     sample_tokens(logits, temperature, thresholds, seeds, seeds)
-            apply_token_bitmask_(logits, torch.full((1, -(-vocab // 32)), -1, dtype=torch.int32, device=self.device))
+            mask = torch.full((1, -(-vocab // 32)), -1, dtype=torch.int32, device=self.device)
+            apply_token_bitmask_(logits[:1], mask)
         torch.cuda.synchronize(self.device)
         logger.info("compiled the kernels' variants in %.1f s", time.perf_counter() - start)
 

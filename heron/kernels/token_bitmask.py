@@ -29,6 +29,7 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.T
     """logits [R, V] (rows contiguous) -inf where bitmask [>= R, W] int32 (on logits' device) bans the token;
     tokens past 32 * W are left as they are. Returns logits."""
     assert bitmask.dtype == torch.int32 and logits.stride(1) == 1 and bitmask.stride(1) == 1
+    assert bitmask.shape[0] >= logits.shape[0], "a mask row for every logits row"
     rows, vocab = logits.shape[0], min(logits.shape[1], 32 * bitmask.shape[1])
     if rows:
         grid = (rows, triton.cdiv(vocab, BLOCK))

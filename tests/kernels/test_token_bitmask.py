@@ -42,6 +42,11 @@ def test_the_kernel_masks_as_the_reference_and_xgrammar(rows):
     assert torch.equal(got.cpu(), want)
 
 
+def test_a_mask_with_fewer_rows_than_the_logits_is_refused():
+    with pytest.raises(AssertionError, match="a mask row for every logits row"):
+        apply_token_bitmask_(torch.zeros(4, 64, device=DEV), torch.zeros(1, 2, dtype=torch.int32, device=DEV))
+
+
 def test_logits_wider_than_the_mask_keep_their_tail_and_extra_mask_rows_are_unused():
     gen = torch.Generator().manual_seed(0)
     _, bitmask = random_bitmask(4, 64, gen)  # 2 words: 64 tokens, 4 rows for 2 logits rows
