@@ -11,10 +11,13 @@ splits rows (column-parallel) or whole groups of columns (row-parallel) without 
 
 Three kernels, by the number of rows M (the choice is `_config`'s, the one place to tune):
 - M == 1, `_gemv_kernel` on the CUDA cores: program (i, s) streams rows [i * BLOCK_N, (i + 1) * BLOCK_N) over
-  its s-th share of K. `_dequantized_tile` reads a tile as [BLOCK_N, BLOCK_K / 8] words, shifts each word's 8
+  its s-th share of K. `_tile_codes` reads a tile as [BLOCK_N, BLOCK_K / 8] words, shifts each word's 8
   nibbles out along a third axis and views the tile as [BLOCK_N, TILE_GROUPS, BLOCK_K / TILE_GROUPS] (BLOCK_K
-  a multiple of G, or dividing it: one scale and zero per row and slice); (q - zero) * x is summed per slice
-  in float32, then times the slice's scale.
+  a multiple of G, or dividing it: one scale and zero per row and slice); q * x is summed per slice in
+  float32, less zero * the slice's sum of x, then times the slice's scale. The kernel is bound by its
+  instructions, not by DRAM: under Nsight Compute (`gpu_check.sh ncu-gemv`, H100) Llama-3.1-8B's gate_up read
+  at 43% of DRAM's throughput with the ALU pipe (integer and logic: the nibbles' shifts, masks) 58% busy, issue
+  slots 67% busy, where the float8 and bf16 GEMVs read at 81% and 88%.
 - 2 <= M <= 16, `_w4a16_kernel`: [16, BLOCK_N] tiles on tensor cores. A step loads each packed word once
   ([BLOCK_N, BLOCK_K / 8]), repeats it 8 times along K with tl.interleave and shifts out one nibble per
   element; the integers minus the zero are exact in the activation's dtype, the dot accumulates in float32
@@ -45,7 +48,7 @@ _DECODE_PROGRAMS = 256  # programs a 2-16-row call aims for (about two per SM on
 
 
 @triton.jit
-def _dequantized_tile(
+def _tile_codes(
     w_ptr,
     s_ptr,
     z_ptr,
@@ -59,12 +62,9 @@ def _dequantized_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     TILE_GROUPS: tl.constexpr,
-    MAGIC: tl.constexpr,
 ):
-    """Tile t of K: (q - zero) [BLOCK_N, TILE_GROUPS, BLOCK_K / TILE_GROUPS] as float32 integers, and the
-    slices' scales [BLOCK_N, TILE_GROUPS, 1]. MAGIC: the floats without a conversion instruction (a quarter of
-    the FMA rate on Hopper): a nibble OR-ed into the mantissa of 2^23 is the float 2^23 + q, and one
-    subtraction of 2^23 + zero leaves q - zero exactly."""
+    """Tile t of K: the nibbles q [BLOCK_N, TILE_GROUPS, BLOCK_K / TILE_GROUPS] as int32, and the slices'
+    scales and zeros [BLOCK_N, TILE_GROUPS, 1]."""
     words = tl.load(
         w_ptr + offs_n[:, None] * stride_wn + (t * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8))[None, :],
         mask=n_mask[:, None],
@@ -78,10 +78,17 @@ def _dequantized_tile(
     if HAS_ZEROS:
         zero = tl.load(z_ptr + sz, mask=n_mask[:, None], other=0).to(tl.int32)[:, :, None]
     else:
-        zero = 8
+        zero = tl.full((BLOCK_N, TILE_GROUPS, 1), 8, tl.int32)
+    return q, scale, zero
+
+
+@triton.jit
+def _as_float(q, MAGIC: tl.constexpr):
+    """int32 nibbles as float32. MAGIC: without a conversion instruction (a quarter of the FMA rate on Hopper): a
+    nibble OR-ed into the mantissa of 2^23 is the float 2^23 + q, less 2^23 exactly."""
     if MAGIC:
-        return (q | 0x4B000000).to(tl.float32, bitcast=True) - (zero + 8388608.0), scale
-    return (q - zero).to(tl.float32), scale
+        return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return q.to(tl.float32)
 
 
 @triton.jit
@@ -113,13 +120,15 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for t in tl.range(pid_k, K // BLOCK_K, SPLIT_K, num_stages=STAGES):
-        q, scale = _dequantized_tile(
+        q, scale, zero = _tile_codes(
             w_ptr, s_ptr, z_ptr, offs_n, n_mask, t, group_size, stride_wn, stride_sn,
-            HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS, MAGIC,
+            HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS,
         )  # fmt: skip
         x = tl.load(x_ptr + t * BLOCK_K + offs_k).to(tl.float32)
         x = tl.reshape(x, (1, TILE_GROUPS, BLOCK_K // TILE_GROUPS))
-        part = tl.sum(q * x, axis=2, keep_dims=True) * scale  # [BLOCK_N, TILE_GROUPS, 1]
+        # sum (q - zero) * x = sum q * x - zero * sum x: the zero once per slice, not once per weight
+        qx = tl.sum(_as_float(q, MAGIC) * x, axis=2, keep_dims=True)
+        part = (qx - zero.to(tl.float32) * tl.sum(x, axis=2, keep_dims=True)) * scale  # [BLOCK_N, TILE_GROUPS, 1]
         acc += tl.sum(tl.sum(part, axis=2), axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -202,11 +211,11 @@ def _dequantize_kernel(
     pid_n, t = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    q, scale = _dequantized_tile(
+    q, scale, zero = _tile_codes(
         w_ptr, s_ptr, z_ptr, offs_n, n_mask, t, group_size, stride_wn, stride_sn,
-        HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS, False,
+        HAS_ZEROS, BLOCK_N, BLOCK_K, TILE_GROUPS,
     )  # fmt: skip
-    w = tl.reshape(q * scale, (BLOCK_N, BLOCK_K))
+    w = tl.reshape((q - zero).to(tl.float32) * scale, (BLOCK_N, BLOCK_K))
     ptrs = out_ptr + offs_n[:, None] * stride_on + (t * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
     tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=n_mask[:, None])
 
@@ -223,7 +232,7 @@ def _block_k(k: int, group_size: int, largest: int) -> int:
 def _config(m: int, n: int, k: int, group_size: int, device: torch.device) -> dict[str, int]:
     """One call's kernel configuration. One row: 2048 inputs (1 KiB) a row a tile, 8 rows a program (the best of
     the H100 sweep), K split only where the row tiles would not fill the SMs twice, nibbles converted to floats
-    (MAGIC, the conversion-free form, is in `benchmarks/int4_probe.py --sweep`, not yet measured). 2-16 rows:
+    (MAGIC, the conversion-free form, was within 0.8 us of it on every projection in the H100 sweep). 2-16 rows:
     BLOCK_K the largest of 128..16 dividing the group, [16, 64] tiles, K split until the grid holds about
     `_DECODE_PROGRAMS` programs. Past 16 rows: dequantize in [32, 256] tiles."""
     if m == 1:
