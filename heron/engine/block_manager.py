@@ -5,7 +5,8 @@ the n samples of a request (parallel_sampling.py) and requests with a common pre
 shared block that is only partly filled is copied before it is written (copy-on-write). With prefix
 caching, a full block is named by the chained hash of its tokens; when its last user lets go it stays in
 the free list, still findable, until it is evicted (least recently used first). Host blocks for swapping
-are swap_space.py's.
+are swap_space.py's. A block's hash is computed once per distinct input (`hash_memo`): the requests that open
+with one system prompt look its blocks up instead of hashing them again.
 
 When every layer of the model attends to a sliding window of W keys (Mistral), a block whose keys are all
 older than the window of the next query is never read again: `allocate` lets go of it, so a long generation
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from heron.engine.request import Sequence
+
+HASH_MEMO_ENTRIES = 1 << 16  # block hashes remembered by their input (~0.4 KB each), cleared when past this
 
 
 class BlockManager:
@@ -36,6 +39,7 @@ class BlockManager:
         # Blocks nobody references, in eviction order: uncached ones first, then cached ones, least
         # recently used first. An OrderedDict gives O(1) removal when a cached block is hit again.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.hash_memo: dict[bytes, bytes] = {}  # see Sequence.update_block_hashes
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
 
@@ -58,8 +62,10 @@ class BlockManager:
         once cached, so a fully cached prompt gives back its last block."""
         if not self.enable_prefix_caching:
             return []
+        if len(self.hash_memo) > HASH_MEMO_ENTRIES:
+            self.hash_memo.clear()
         hits = []
-        for h in seq.update_block_hashes(self.block_size):
+        for h in seq.update_block_hashes(self.block_size, self.hash_memo):
             block = self.hash_to_block.get(h)
             if block is None:
                 break
@@ -75,6 +81,7 @@ class BlockManager:
             return False
         self.hash_to_block.clear()
         self.block_hash = [None] * self.num_blocks
+        self.hash_memo.clear()
         return True
 
     # -- allocation --------------------------------------------------------------------------------
@@ -127,7 +134,7 @@ class BlockManager:
             return  # no block was filled (the common decode step)
         # A block computed earlier whose last token was still pending then is named now too.
         first = min(num_computed_before // bs, len(seq.block_hashes))
-        hashes = seq.update_block_hashes(bs)
+        hashes = seq.update_block_hashes(bs, self.hash_memo)
         end = min(seq.num_computed_tokens // bs, len(hashes))
         for i in range(first, end):
             block, h = seq.block_table[i], hashes[i]

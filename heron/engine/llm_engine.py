@@ -210,7 +210,7 @@ class LLMEngine:
             text, ids = prompt, list(prompt_token_ids)
         if not ids:
             raise ValueError("The prompt is empty.")
-        if any(not 0 <= t < self.model_cfg.vocab_size for t in ids):
+        if min(ids) < 0 or max(ids) >= self.model_cfg.vocab_size:  # (min and max: C loops over long prompts)
             raise ValueError(f"prompt token ids must be in [0, {self.model_cfg.vocab_size}).")
         if self.pooler_config is not None or pooling_params is not None:
             return self._add_pooling(request_id, text, ids, pooling_params, arrival_time, priority)

@@ -112,13 +112,26 @@ class Sequence:
         """The sequence has finished: the draws of steps launched after its last token never come in."""
         self.num_pending = 0
 
-    def update_block_hashes(self, block_size: int) -> list[bytes]:
-        """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix."""
-        for i in range(len(self.block_hashes), len(self.token_ids) // block_size):
-            parent = self.block_hashes[i - 1] if i else self.request.cache_salt
-            chunk = np.asarray(self.token_ids[i * block_size : (i + 1) * block_size], dtype=np.int64)
-            self.block_hashes.append(hashlib.sha256(parent + chunk.tobytes()).digest())
-        return self.block_hashes
+    def update_block_hashes(self, block_size: int, memo: dict[bytes, bytes] | None = None) -> list[bytes]:
+        """Extend the chained hashes to every full block of token_ids; a hash names a block's whole prefix
+        (sha256 of the parent's hash and the block's tokens as int64). `memo` (the block manager's): hashes by
+        that input, so that a prompt's blocks that many requests share (a system prompt) are hashed once."""
+        hashes = self.block_hashes
+        start, end = len(hashes), len(self.token_ids) // block_size
+        if start == end:
+            return hashes
+        data = np.asarray(self.token_ids[start * block_size : end * block_size], dtype=np.int64).tobytes()
+        step = 8 * block_size
+        h = hashes[-1] if hashes else self.request.cache_salt
+        for i in range(0, len(data), step):
+            key = h + data[i : i + step]
+            h = None if memo is None else memo.get(key)
+            if h is None:
+                h = hashlib.sha256(key).digest()
+                if memo is not None:
+                    memo[key] = h
+            hashes.append(h)
+        return hashes
 
 
 @dataclass

@@ -1,3 +1,8 @@
+import hashlib
+
+import numpy as np
+
+from heron.engine import block_manager
 from heron.engine.block_manager import BlockManager
 from heron.engine.request import Request
 from heron.sampling_params import SamplingParams
@@ -94,6 +99,27 @@ def test_reset_prefix_cache_forgets_cached_blocks_only_when_none_is_held():
     b = make_seq(list(range(9)), "b")
     compute(bm, b, 9)  # the blocks are found again once recomputed
     assert len(bm.find_cached(make_seq(list(range(9)), "b2"))) == 2
+
+
+def test_block_hashes_are_the_sha256_chain_and_a_shared_prefix_is_hashed_once(monkeypatch):
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prefix = list(range(100, 112))  # three full blocks
+    a, b = make_seq(prefix + [1, 2, 3, 4, 5], "a"), make_seq(prefix + [9, 9], "b")
+    want, h = [], b""
+    for i in range(0, 16, 4):
+        h = hashlib.sha256(h + np.asarray(a.token_ids[i : i + 4], dtype=np.int64).tobytes()).digest()
+        want.append(h)
+    bm.find_cached(a)
+    assert a.block_hashes == want and len(bm.hash_memo) == 4
+    bm.find_cached(b)
+    assert all(x is y for x, y in zip(b.block_hashes, a.block_hashes[:3]))  # the memo's own objects
+    assert len(bm.hash_memo) == 4  # nothing new: b's three full blocks are a's
+    monkeypatch.setattr(block_manager, "HASH_MEMO_ENTRIES", 3)
+    c = make_seq([7] * 8, "c")
+    bm.find_cached(c)  # past the bound: cleared first, then c's two blocks
+    sevens = np.asarray([7] * 4, dtype=np.int64).tobytes()
+    assert len(bm.hash_memo) == 2 and c.block_hashes[1] == hashlib.sha256(c.block_hashes[0] + sevens).digest()
+    assert bm.reset_prefix_cache() and not bm.hash_memo
 
 
 def test_uncached_free_blocks_are_used_before_cached_ones():
