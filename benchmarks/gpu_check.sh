@@ -14,7 +14,8 @@ heron() { python3 -m heron.entrypoints.cli "$@"; }
 # The device returns at most 8 files from $OUT: the logs go to $LOGS, and after each run the logs and the records
 # are bundled into $OUT/results.tgz (so a call cut short by its timeout still brings back what ran).
 LOGS=${LOGS:-/tmp/heron-logs}; mkdir -p "$LOGS"
-bundle() { tar czf "$OUT/results.tgz" benchmarks/results -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
+START=$(mktemp); touch "$START"  # the records newer than this are this call's: an H100's get `-h100` (name_by_gpu.py)
+bundle() { python3 benchmarks/name_by_gpu.py "$START"; tar czf "$OUT/results.tgz" benchmarks/results -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$LOGS/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; bundle; }
 for s in $SECTIONS; do case $s in
