@@ -4,13 +4,11 @@
 int4 matmul (groups of 128 with zero points, AWQ's) and of bf16 F.linear, both by CUDA-graph replay over rotating
 weight copies (past the L2 cache), and the int4 weight's read rate (packed weight + scales + zeros bytes / time)
 as a fraction of the copy bandwidth: the number `_config`'s GEMV tiles and split-K are tuned against. Then the
-sum over one decode step (32 layers). `--sweep` also times the one-row GEMV's tiles (BLOCK_N, BLOCK_K), each
-with and without MAGIC (nibbles made floats through the mantissa of 2^23).
+sum over one decode step (32 layers). `--sweep` also times the one-row GEMV's tiles (BLOCK_N, BLOCK_K).
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 import torch
@@ -70,9 +68,9 @@ def _sweep(x, qs, n, k, m, nbytes, bw) -> None:
     base = int4._config
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     sizes = [(4, 2048), (8, 1024), (8, 2048), (8, 4096), (16, 1024), (16, 2048)]
-    for (block_n, block_k), magic in itertools.product(sizes, (False, True)):
+    for block_n, block_k in sizes:
         split = max(1, min(k // block_k, 2 * sms // triton.cdiv(n, block_n)))
-        cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, MAGIC=magic)
+        cfg = dict(base(m, n, k, GROUP, x.device), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
         int4._config = lambda *_, cfg=cfg: cfg
         try:
             t = time_graph(lambda: [int4.int4_linear(x, **q) for q in qs], iters=1) / len(qs)

@@ -31,7 +31,8 @@ step's matmuls over 32 layers, 2026-12-05): at one row the GEMV takes 3.18 ms wh
 5.28 (bf16 cuBLAS: 5.37); past 16 rows dequantize-then-cuBLAS beats the tensor-core kernel at every size (32
 rows: 12.2 against 14.8 ms; 256: 13.5 against 29.9; 2048: 41.7 against 154.6; bf16 5.5, 6.5, 36.0). Tried and
 slower: the GEMV's tile as [rows, words, 8] without the reshape, nibbles turned into floats through the
-mantissa of 2^23 (13.6 ms at one row), and a tl.dot form of the GEMV for 2-16 rows (17 ms).
+mantissa of 2^23 (13.6 ms at one row), and a tl.dot form of the GEMV for 2-16 rows (17 ms); no faster: those
+mantissa floats in this kernel (within 0.8 us of the conversion on every projection).
 """
 
 from __future__ import annotations
@@ -83,15 +84,6 @@ def _tile_codes(
 
 
 @triton.jit
-def _as_float(q, MAGIC: tl.constexpr):
-    """int32 nibbles as float32. MAGIC: without a conversion instruction (a quarter of the FMA rate on Hopper): a
-    nibble OR-ed into the mantissa of 2^23 is the float 2^23 + q, less 2^23 exactly."""
-    if MAGIC:
-        return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return q.to(tl.float32)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -112,7 +104,6 @@ def _gemv_kernel(
     TILE_GROUPS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
-    MAGIC: tl.constexpr,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,7 +118,7 @@ def _gemv_kernel(
         x = tl.load(x_ptr + t * BLOCK_K + offs_k).to(tl.float32)
         x = tl.reshape(x, (1, TILE_GROUPS, BLOCK_K // TILE_GROUPS))
         # sum (q - zero) * x = sum q * x - zero * sum x: the zero once per slice, not once per weight
-        qx = tl.sum(_as_float(q, MAGIC) * x, axis=2, keep_dims=True)
+        qx = tl.sum(q.to(tl.float32) * x, axis=2, keep_dims=True)
         part = (qx - zero.to(tl.float32) * tl.sum(x, axis=2, keep_dims=True)) * scale  # [BLOCK_N, TILE_GROUPS, 1]
         acc += tl.sum(tl.sum(part, axis=2), axis=1)
     if HAS_BIAS:
@@ -231,14 +222,13 @@ def _block_k(k: int, group_size: int, largest: int) -> int:
 
 def _config(m: int, n: int, k: int, group_size: int, device: torch.device) -> dict[str, int]:
     """One call's kernel configuration. One row: 2048 inputs (1 KiB) a row a tile, 8 rows a program (the best of
-    the H100 sweep), K split only where the row tiles would not fill the SMs twice, nibbles converted to floats
-    (MAGIC, the conversion-free form, was within 0.8 us of it on every projection in the H100 sweep). 2-16 rows:
+    the H100 sweep), K split only where the row tiles would not fill the SMs twice. 2-16 rows:
     BLOCK_K the largest of 128..16 dividing the group, [16, 64] tiles, K split until the grid holds about
     `_DECODE_PROGRAMS` programs. Past 16 rows: dequantize in [32, 256] tiles."""
     if m == 1:
         block_n, block_k = 8, _block_k(k, group_size, 2048)
         split = max(1, min(k // block_k, 2 * num_sms(device) // triton.cdiv(n, block_n)))
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, STAGES=4, MAGIC=False, num_warps=4)
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, STAGES=4, num_warps=4)
     if m <= DECODE_ROWS:
         block_k = next(b for b in (128, 64, 32, 16) if group_size % b == 0)
         n_tiles, k_tiles = triton.cdiv(n, 64), k // block_k

@@ -72,28 +72,6 @@ def test_int4_linear_tiles_split_k_and_one_group_per_row(m, n, k, group):
     assert (y.float() - exact).abs().max() <= 2e-2 * exact.abs().max()
 
 
-@pytest.mark.parametrize("zeros", [False, True])
-def test_the_gemv_makes_the_same_floats_through_the_mantissa(monkeypatch, zeros):
-    """The one-row GEMV's MAGIC form (nibbles OR-ed into the mantissa of 2^23, no conversion instruction) gives
-    what the converting form gives, to float32 rounding of the sums."""
-    from heron.kernels.gemm import int4
-
-    torch.manual_seed(5)
-    n, k, group = 24, 512, 128
-    q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
-    scale = torch.rand(n, k // group) * 0.02 + 0.005
-    zero = torch.randint(0, 16, (n, k // group), dtype=torch.uint8) if zeros else None
-    x = torch.randn(1, k)
-    args = dict(weight_scale=scale.to(DEVICE), weight_zero_point=None if zero is None else zero.to(DEVICE))
-    converted = int4_linear(x.to(DEVICE), pack_int4(q).to(DEVICE), **args).cpu()
-    base = int4._config
-    monkeypatch.setattr(int4, "_config", lambda *a: dict(base(*a), MAGIC=True))
-    magic = int4_linear(x.to(DEVICE), pack_int4(q).to(DEVICE), **args).cpu()
-    torch.testing.assert_close(magic, converted, rtol=1e-5, atol=1e-5)
-    exact = x @ dequantize_int4(pack_int4(q), scale, zero).t()
-    torch.testing.assert_close(magic, exact, rtol=1e-4, atol=1e-4)
-
-
 def test_int4_linear_keeps_leading_dims_in_float16():
     torch.manual_seed(0)
     weight = pack_int4(torch.randint(0, 16, (32, 64), dtype=torch.uint8))
