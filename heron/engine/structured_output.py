@@ -109,7 +109,7 @@ class StructuredOutputManager:
         """vocab_size: the width of the model's logits (tokens past the tokenizer's are never allowed). threads:
         the host threads that accept a step's tokens and fill its masks (default 1: on the H200's 16-core host a
         step of 256 rows took 0.37 + 0.74 ms on one thread, 0.62 + 1.33 on 4 and 0.67 + 1.95 on 8; the
-        threads contend more than they share, `gpu_check.sh structured`'s grammar-host)."""
+        threads contend more than they share, `gpu_check.sh grammar-host`)."""
         # xgrammar counts every id past the tokenizer's as a special token, and accept_token scans that list
         # (~0.3 ns an id): a model whose logits are far wider than its tokenizer (the `structured` workload:
         # SmolLM2's 49,152 ids on Qwen3's 151,936) paid ~35 us a token. So the matchers see the tokenizer's ids
