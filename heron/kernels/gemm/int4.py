@@ -27,12 +27,13 @@ Three kernels, by the number of rows M (the choice is `_config`'s, the one place
 Split-K stores float32 partials that a sum after the kernel adds (no atomics: graph-safe, deterministic).
 
 Measured on an H100 (`benchmarks/int4_probe.py`, Llama-3.1-8B's projections, groups of 128 with zeros, a decode
-step's matmuls over 32 layers, 2026-12-05): at one row the GEMV takes 3.18 ms where the tensor-core kernel took
-5.28 (bf16 cuBLAS: 5.37); past 16 rows dequantize-then-cuBLAS beats the tensor-core kernel at every size (32
-rows: 12.2 against 14.8 ms; 256: 13.5 against 29.9; 2048: 41.7 against 154.6; bf16 5.5, 6.5, 36.0). Tried and
-slower: the GEMV's tile as [rows, words, 8] without the reshape, nibbles turned into floats through the
-mantissa of 2^23 (13.6 ms at one row), and a tl.dot form of the GEMV for 2-16 rows (17 ms); no faster: those
-mantissa floats in this kernel (within 0.8 us of the conversion on every projection).
+step's matmuls over 32 layers, 2026-12-05): at one row the GEMV takes 3.00 ms (6ac55af; 3.18 with the zero
+subtracted per weight) where the tensor-core kernel took 5.28 (bf16 cuBLAS: 5.32-5.37); past 16 rows
+dequantize-then-cuBLAS beats the tensor-core kernel at every size (32 rows: 12.2 against 14.8 ms; 256: 13.5
+against 29.9; 2048: 41.7 against 154.6; bf16 5.5, 6.5, 36.0). Tried and slower: the GEMV's tile as [rows, words,
+8] without the reshape, nibbles turned into floats through the mantissa of 2^23 (13.6 ms at one row), and a tl.dot
+form of the GEMV for 2-16 rows (17 ms); no faster: those mantissa floats in this kernel (within 0.8 us of the
+conversion on every projection).
 """
 
 from __future__ import annotations
