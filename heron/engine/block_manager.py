@@ -62,10 +62,8 @@ class BlockManager:
         once cached, so a fully cached prompt gives back its last block."""
         if not self.enable_prefix_caching:
             return []
-        if len(self.hash_memo) > HASH_MEMO_ENTRIES:
-            self.hash_memo.clear()
         hits = []
-        for h in seq.update_block_hashes(self.block_size, self.hash_memo):
+        for h in self._block_hashes(seq):
             block = self.hash_to_block.get(h)
             if block is None:
                 break
@@ -134,7 +132,7 @@ class BlockManager:
             return  # no block was filled (the common decode step)
         # A block computed earlier whose last token was still pending then is named now too.
         first = min(num_computed_before // bs, len(seq.block_hashes))
-        hashes = seq.update_block_hashes(bs, self.hash_memo)
+        hashes = self._block_hashes(seq)
         end = min(seq.num_computed_tokens // bs, len(hashes))
         for i in range(first, end):
             block, h = seq.block_table[i], hashes[i]
@@ -187,6 +185,13 @@ class BlockManager:
         while seq.num_dropped_blocks < min(out_of_window, len(seq.block_table)):
             self._unref(seq.block_table[seq.num_dropped_blocks])
             seq.num_dropped_blocks += 1
+
+    def _block_hashes(self, seq: Sequence) -> list[bytes]:
+        """seq's block hashes through the memo, which is cleared first once past HASH_MEMO_ENTRIES (wherever
+        entries come from: prompts looked up, or generated blocks cached)."""
+        if len(self.hash_memo) > HASH_MEMO_ENTRIES:
+            self.hash_memo.clear()
+        return seq.update_block_hashes(self.block_size, self.hash_memo)
 
     def _pop_free(self) -> int:
         block, _ = self.free.popitem(last=False)
