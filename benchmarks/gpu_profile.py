@@ -196,7 +196,7 @@ def timeline(
     profile_at: tuple[int, ...] = (200, 100),
     profile_steps: int = 8,
     requests: list | None = None,
-    profile_from: int | None = None,
+    profile_from: tuple[int, ...] = (),
     loras: list | None = None,
     structured=None,
 ) -> list[int]:
@@ -204,9 +204,9 @@ def timeline(
     time between step returns (the pipelined steady state), summed by kind of step and decode batch size. The
     first decode steps at or below each batch size of `profile_at` also run under torch.profiler (their
     kernels and idle gaps printed; the profiler slows those steps a little), and so do `profile_steps` steps
-    from step `profile_from` whatever they are (a job's first prefill steps). `loras`: LoRARequests that the
-    requests take round robin; `structured`: StructuredOutputsParams every request takes. Returns the number of
-    tokens each request generated."""
+    from each step of `profile_from` whatever they are (a job's first prefill steps, its mixed ones). `loras`:
+    LoRARequests that the requests take round robin; `structured`: StructuredOutputsParams every request takes.
+    Returns the number of tokens each request generated."""
     from heron.bench.datasets import random_token_requests
 
     engine = llm.engine
@@ -240,7 +240,7 @@ def timeline(
     while engine.has_unfinished():
         decoding = shapes and shapes[-1][0] == shapes[-1][1]
         at_decode = pending and decoding and shapes[-1][0] <= pending[0]
-        if prof is None and (at_decode or len(times) == profile_from):
+        if prof is None and (at_decode or len(times) in profile_from):
             if at_decode:
                 pending.pop(0)
             prof, left, first = (
@@ -311,9 +311,10 @@ def many(llm: LLM, num_prompts: int = 20000) -> None:
 
 def prefix(llm: LLM) -> None:
     """Issue 26's workload (16 system prompts of 2,000 tokens x 32 requests, each + a 50-200 token question,
-    outputs 64-256): its timeline, with the kernels of its first prefill steps (past the first) and of a few
-    decode steps at batch 256 and 128 (the cascade's prefix kernel beside the decode kernel), and how many
-    decode and mixed steps ran the cascade."""
+    outputs 64-256): its timeline, with the kernels of its first prefill steps (past the first), of eight steps
+    from step 100 (mixed: waiting requests join as others finish) and of a few decode steps at batch 256 and
+    128 (the cascade's prefix kernel beside the decode kernel), and how many decode and mixed steps ran the
+    cascade."""
     from heron.bench.datasets import shared_prefix_requests
 
     backend = llm.engine.runner.backend
@@ -326,7 +327,7 @@ def prefix(llm: LLM) -> None:
 
     backend.prepare = counting
     try:
-        timeline(llm, profile_at=(256, 128), requests=shared_prefix_requests(), profile_from=2)
+        timeline(llm, profile_at=(256, 128), requests=shared_prefix_requests(), profile_from=(2, 100))
     finally:
         backend.prepare = prepare
     print("planned steps (kind, cascade): " + ", ".join(f"{k} {c}: {n}" for (k, c), n in sorted(steps.items())))
@@ -340,7 +341,7 @@ def lora(shape_dir: str, adapters: list[str]) -> None:
 
     llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, enable_lora=True, max_loras=8, max_lora_rank=16)
     loras = [LoRARequest(f"lora{i}", i + 1, path) for i, path in enumerate(adapters)]
-    timeline(llm, profile_at=(256, 128), profile_from=1, profile_steps=2, loras=loras)
+    timeline(llm, profile_at=(256, 128), profile_from=(1,), profile_steps=2, loras=loras)
     kernel_table(llm, 1, 128, 20, lora_request=loras[0])
 
 
@@ -375,7 +376,10 @@ def main(shape_dir: str, parts: list[str]) -> None:
     if parts[0] == "structured":
         return structured(shape_dir, parts[1])
     quantization = "fp8" if "fp8" in parts else None  # issue 24: the FP8 checkpoint's steps
-    llm = LLM(shape_dir, load_format="dummy", max_model_len=4096, quantization=quantization)
+    kv_cache_dtype = "fp8" if "kvfp8" in parts else "auto"  # and with the float8 KV cache
+    llm = LLM(
+        shape_dir, load_format="dummy", max_model_len=4096, quantization=quantization, kv_cache_dtype=kv_cache_dtype
+    )
     if "phases" in parts:
         for batch, temperature in ((1, 0.0), (1, 0.6), (256, 0.6)):
             profile(llm, batch, 512, 64, temperature)
