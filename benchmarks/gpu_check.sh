@@ -179,6 +179,7 @@ for s in $SECTIONS; do case $s in
     # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
     run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
   cascade-probe) run cascade-probe python3 benchmarks/cascade_probe.py ;;  # one layer: plain vs cascade, a sweep
+  cascade-suffix) run cascade-suffix python3 benchmarks/cascade_probe.py suffix ;;  # the own-keys decode's tiles
   cascade-eager)  # issue 26: an eager mixed step's cascade launches, host time per call, with PDL and without
     run cascade-eager python3 benchmarks/cascade_probe.py eager
     HERON_PDL=0 run cascade-eager-nopdl python3 benchmarks/cascade_probe.py eager ;;
