@@ -49,10 +49,10 @@ from heron.kernels.activation import gated_act
 from heron.kernels.common import dot_upcast, num_sms
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
-BLOCK_M = 16
-BLOCK_R = 16
-BLOCK_K = 128
-BLOCK_N = 128
+# Tiles and launch options, the door to them (`benchmarks/lora_probe.py` sweeps them at Qwen3-8B's shapes): the
+# shrink's token, rank and `in` tiles, the expand's token and output-column tiles.
+SHRINK = dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=128, num_warps=4, num_stages=3)
+EXPAND = dict(BLOCK_M=16, BLOCK_R=16, BLOCK_N=128, num_warps=4, num_stages=3)
 MAX_PARTS = 3  # q/k/v
 # the shrink's prologue: what x is and how the matrix's input is made from it
 SILU, GELU_TANH, NORM = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
@@ -250,11 +250,11 @@ def lora_row_delta(
     return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
 
 
-def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device) -> int:
+def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device, cfg: dict = SHRINK) -> int:
     """How many ranges of `in` the shrink splits into: enough for its grid to cover the GPU's SMs twice, at
     most one BLOCK_K tile each. A function of shapes only, so a CUDA graph's step always takes the same."""
-    programs = triton.cdiv(tokens, BLOCK_M) * triton.cdiv(rank_rows, BLOCK_R)
-    return max(1, min(triton.cdiv(in_size, BLOCK_K), triton.cdiv(2 * num_sms(device), programs)))
+    programs = triton.cdiv(tokens, cfg["BLOCK_M"]) * triton.cdiv(rank_rows, cfg["BLOCK_R"])
+    return max(1, min(triton.cdiv(in_size, cfg["BLOCK_K"]), triton.cdiv(2 * num_sms(device), programs)))
 
 
 @dataclass
@@ -274,13 +274,15 @@ class LoRADelta:
     offsets: tuple[int, int]  # where parts 1 and 2 of the output start (N where there is none)
     max_rank: int
 
-    def add_to_(self, y: torch.Tensor) -> torch.Tensor:
-        """y [T, out] += each adapted token's expanded delta, in place (the expand kernel); returns y."""
+    def add_to_(self, y: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+        """y [T, out] += each adapted token's expanded delta, in place (the expand kernel); returns y. `config`
+        overrides EXPAND's entries (the probe's sweep)."""
         splits, t, _ = self.partials.shape
         n = y.shape[1]
         assert y.shape[0] == t and y.stride(-1) == 1 and n == self.lora_b.shape[2]
         sum_sq = self.sum_sq if self.sum_sq is not None else self.partials
-        _expand_add_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+        cfg = {**EXPAND, **(config or {})}
+        _expand_add_kernel[(triton.cdiv(t, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))](
             y,
             self.partials,
             self.lora_b,
@@ -302,12 +304,10 @@ class LoRADelta:
             self.lora_b.stride(1),
             sum_sq.stride(0),
             NUM_SLOTS=self.lora_b.shape[0],
-            BLOCK_M=BLOCK_M,
-            BLOCK_R=BLOCK_R,
-            BLOCK_N=BLOCK_N,
             NORMED=self.sum_sq is not None,
             UPCAST=dot_upcast(),
             PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
+            **cfg,
         )
         return y
 
@@ -326,6 +326,7 @@ def lora_shrink(
     act: str | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
     residual: torch.Tensor | None = None,
+    config: dict | None = None,
 ) -> LoRADelta:
     """The shrink of each adapted token's (u A^T) B: u A^T for the rows of x [T, ...], returned with what the
     expand needs. u is x [T, in], or made from x inside the shrink: `act` ("silu", "gelu_tanh"): x is a gated
@@ -333,7 +334,7 @@ def lora_shrink(
     u = weight * rmsnorm(h), h = x + `residual` (x where None; a pre-norm block's input). `token_slots`: each
     row's slot; `sorted_tokens`, `slot_start`: the step's rows grouped by slot (see above); `output_sizes`: the
     parts of a fused projection, each fed by `max_rank` rows of B; `splits`: the split-K (`shrink_splits` if
-    None)."""
+    None); `config`: overrides of SHRINK's entries (the probe's sweep)."""
     num_slots, r2, k = lora_a.shape
     t = x.shape[0]
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and lora_a.stride(-1) == 1
@@ -341,9 +342,10 @@ def lora_shrink(
     assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
     n = lora_b.shape[2]
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    cfg = {**SHRINK, **(config or {})}
     if splits is None:
-        splits = shrink_splits(t, r2, k, x.device)
-    k_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+        splits = shrink_splits(t, r2, k, x.device, cfg)
+    k_split = triton.cdiv(triton.cdiv(k, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_split)  # rounding the ranges up to whole tiles may leave fewer
     partials = torch.empty(splits, t, r2, dtype=torch.float32, device=x.device)
     norm_weight, eps = norm if norm is not None else (x, 0.0)
@@ -351,7 +353,7 @@ def lora_shrink(
     if residual is not None:
         assert residual.shape == x.shape and residual.stride(-1) == 1
     res = residual if residual is not None else x
-    _shrink_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(r2, BLOCK_R), splits)](
+    _shrink_kernel[(triton.cdiv(t, cfg["BLOCK_M"]), triton.cdiv(r2, cfg["BLOCK_R"]), splits)](
         x,
         lora_a,
         token_slots,
@@ -372,14 +374,12 @@ def lora_shrink(
         partials.stride(1),
         sum_sq.stride(0) if sum_sq is not None else 0,
         NUM_SLOTS=num_slots,
-        BLOCK_M=BLOCK_M,
-        BLOCK_R=BLOCK_R,
-        BLOCK_K=BLOCK_K,
         PROLOGUE=NORM.value if norm is not None else ACTS[act] if act else 0,
         HAS_RESIDUAL=residual is not None,
         UPCAST=dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # a float32 model's sums stay float32
         FIX_BF16=fix_bf16(),
+        **cfg,
     )
     return LoRADelta(
         partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank

@@ -1,0 +1,133 @@
+"""The gathered LoRA kernels at Qwen3-8B's four projections (rank 16 on every part, 8 adapters round robin), timed
+under CUDA-graph replay for each configuration of a sweep around heron/kernels/lora.py's SHRINK and EXPAND: the
+shrink and the expand at 256 tokens (the offline workload's decode step, where a profile put them at 4.9% and
+7.7% of the step) and the shrink at 1 token with its prologues (the latency case, where the GEMV's epilogue does
+the expand; 4.3 us a call on an H100). Per configuration, one layer's sum over the projections (the door's
+configuration is one for all of them), and each result against the default configuration's.
+
+    python benchmarks/lora_probe.py
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from triton.testing import do_bench_cudagraph
+
+from heron.executor.lora_manager import group_by_slot
+from heron.kernels.lora import EXPAND, SHRINK, lora_shrink
+
+HIDDEN, INTER, RANK, SLOTS = 4096, 12288, 16, 8
+# name: (in, output parts, the shrink's prologue at one token: what the engine's door runs there)
+PROJECTIONS = {
+    "qkv": (HIDDEN, [4096, 1024, 1024], "norm"),
+    "o": (HIDDEN, [HIDDEN], None),
+    "gate_up": (HIDDEN, [INTER, INTER], "norm_residual"),
+    "down": (INTER, [HIDDEN], "silu"),
+}
+SWEEPS = {  # (tokens, the kernel, the configurations: each a dict of overrides)
+    "expand @256": (
+        256,
+        "expand",
+        [
+            dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
+            for m, n, w in itertools.product((16, 32, 64), (64, 128, 256), (4, 8))
+        ],
+    ),
+    "shrink @256": (
+        256,
+        "shrink",
+        [
+            dict(BLOCK_M=m, BLOCK_K=k, num_stages=s)
+            for m, k, s in itertools.product((16, 32, 64), (64, 128, 256), (2, 3))
+        ],
+    ),
+    "shrink @1": (
+        1,
+        "shrink",
+        [dict(BLOCK_K=k, num_warps=w) for k, w in itertools.product((64, 128, 256, 512), (1, 2, 4))],
+    ),
+}
+
+
+def projection(name: str, tokens: int, dev: torch.device) -> dict:
+    """One projection's adapters, mapping and inputs, as the engine hands them to the kernels."""
+    in_size, parts, prologue = PROJECTIONS[name]
+    gen = torch.Generator().manual_seed(len(name))
+    r2, n = len(parts) * RANK, sum(parts)
+    a = (torch.randn(SLOTS, r2, in_size, generator=gen) / in_size**0.5).to(dev, torch.bfloat16)
+    b = torch.zeros(SLOTS, r2, n)
+    for p, size in enumerate(parts):  # block-diagonal over the parts
+        col = sum(parts[:p])
+        b[:, p * RANK : (p + 1) * RANK, col : col + size] = torch.randn(SLOTS, RANK, size, generator=gen) * 0.02
+    slots = np.arange(tokens) % SLOTS
+    order, starts = group_by_slot(slots, SLOTS)
+    order = np.concatenate([order, np.zeros(64, dtype=order.dtype)])  # the engine's buffer is longer than a step
+    kwargs = {}
+    x = torch.randn(tokens, in_size, generator=gen)
+    if tokens == 1 and prologue == "silu":
+        x = torch.randn(tokens, 2 * in_size, generator=gen)
+        kwargs["act"] = "silu"
+    elif tokens == 1 and prologue:
+        kwargs["norm"] = ((torch.rand(in_size, generator=gen) + 0.5).to(dev, torch.bfloat16), 1e-6)
+        if prologue == "norm_residual":
+            kwargs["residual"] = torch.randn(tokens, in_size, generator=gen).to(dev, torch.bfloat16)
+    return dict(
+        x=x.to(dev, torch.bfloat16),
+        y=torch.zeros(tokens, n, device=dev, dtype=torch.bfloat16),
+        weights=(
+            a,
+            b.to(dev, torch.bfloat16),
+            torch.from_numpy(slots).to(dev),
+            torch.from_numpy(order).to(dev),
+            torch.from_numpy(starts).to(dev),
+            parts,
+            RANK,
+        ),
+        kwargs=kwargs,
+    )
+
+
+def timed(p: dict, kernel: str, cfg: dict) -> tuple[float, torch.Tensor]:
+    """us per call of the kernel under `cfg`, and its result (the delta added to zeros)."""
+    delta = lambda c=None: lora_shrink(p["x"], *p["weights"], config=c, **p["kwargs"])  # noqa: E731
+    if kernel == "shrink":
+        fn = lambda: delta(cfg)  # noqa: E731
+        out = delta(cfg).add_to_(torch.zeros_like(p["y"]))
+    else:
+        d = delta()
+        fn = lambda: d.add_to_(p["y"], cfg)  # noqa: E731
+        out = d.add_to_(torch.zeros_like(p["y"]), cfg)
+    return do_bench_cudagraph(fn, rep=50) * 1e3, out
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    print(f"defaults: SHRINK {SHRINK}, EXPAND {EXPAND}")
+    for label, (tokens, kernel, configs) in SWEEPS.items():
+        inputs = {name: projection(name, tokens, dev) for name in PROJECTIONS}
+        base = {name: timed(p, kernel, {}) for name, p in inputs.items()}
+        total = sum(t for t, _ in base.values())
+        per = ", ".join(f"{name} {t:.1f}" for name, (t, _) in base.items())
+        print(f"== {label}: default {total:.1f} us a layer ({per})")
+        rows = []
+        for cfg in configs:
+            try:
+                res = {name: timed(p, kernel, cfg) for name, p in inputs.items()}
+            except Exception as e:  # noqa: BLE001 (a configuration that does not compile or fit: say so, go on)
+                print(f"  {cfg}: {type(e).__name__}")
+                continue
+            err = max(
+                ((o.float() - base[n][1].float()).norm() / base[n][1].float().norm()).item()
+                for n, (_, o) in res.items()
+            )
+            rows.append((sum(t for t, _ in res.values()), cfg, res, err))
+        for layer, cfg, res, err in sorted(rows, key=lambda r: r[0]):
+            per = ", ".join(f"{name} {t:.1f}" for name, (t, _) in res.items())
+            print(f"  {layer:7.1f} us a layer ({total / layer:.2f}x default): {cfg} ({per}; max rel diff {err:.1e})")
+
+
+if __name__ == "__main__":
+    main()
