@@ -44,6 +44,18 @@ def structure(rng, batch: int = 256, groups: int = 16, prefix: int = 2000, bs: i
     return tables, lens.astype(np.int32), next_block
 
 
+def _timed(label: str, fn, out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float] | None:
+    """fn's time (ms) and its output's relative error against ref's; None, said, for a configuration that does
+    not compile or fit."""
+    try:
+        fn()
+        t = do_bench(fn)
+    except Exception as e:  # noqa: BLE001 (a configuration that does not compile or fit: say so, go on)
+        print(f"  {label}: {type(e).__name__}")
+        return None
+    return t, ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def main() -> None:
     dev = torch.device("cuda")
     rng = np.random.default_rng(0)
@@ -77,40 +89,26 @@ def main() -> None:
             prefix_ws = cascade.make_prefix_workspace(batch, heads, d, dev, parts=pp)
             out = torch.empty_like(q)
 
-            def casc():
-                prefix = cascade.cascade_prefix_attention(
+            def pre():
+                return cascade.cascade_prefix_attention(
                     q, cache, bt, tile_len, members, d**-0.5, prefix_ws, block_n=block_n, num_warps=warps,
                     num_stages=stages,
                 )  # fmt: skip
+
+            def casc():
                 paged_decode_attention(
                     q, cache, bt, sl, d**-0.5, out=out, num_partitions=parts, workspace=ws, order=order,
-                    heads_first=True, kv_start=kv_start, prefix=prefix,
+                    heads_first=True, kv_start=kv_start, prefix=pre(),
                 )  # fmt: skip
 
-            try:
-                casc()
-                t_pre = do_bench(
-                    lambda: cascade.cascade_prefix_attention(
-                        q,
-                        cache,
-                        bt,
-                        tile_len,
-                        members,
-                        d**-0.5,
-                        prefix_ws,
-                        block_n=block_n,
-                        num_warps=warps,
-                        num_stages=stages,
-                    )  # fmt: skip
-                )
-                t = do_bench(casc)
-            except Exception as e:  # noqa: BLE001 (a configuration that does not compile or fit: say so, go on)
-                print(f"  M {block_m} N {block_n} w {warps} s {stages} parts {pp}: {type(e).__name__}")
+            label = f"M {block_m} N {block_n} w {warps} s {stages} parts {pp}"
+            if (timed := _timed(label, casc, out, plain_out)) is None:
                 continue
-            err = ((out.float() - plain_out.float()).norm() / plain_out.float().norm()).item()
+            t_pre = do_bench(pre)
+            t, err = timed
             print(
-                f"  M {block_m} N {block_n} w {warps} s {stages} parts {pp}: cascade {t * 1e3:.1f} us "
-                f"(prefix {t_pre * 1e3:.1f}), {t_plain / t:.2f}x plain, rel err {err:.1e}"
+                f"  {label}: cascade {t * 1e3:.1f} us (prefix {t_pre * 1e3:.1f}), {t_plain / t:.2f}x plain, "
+                f"rel err {err:.1e}"
             )
 
 
@@ -150,17 +148,10 @@ def suffix() -> None:
                     block_n=block_n, num_warps=warps, num_stages=stages,
                 )  # fmt: skip
 
-            try:
-                own()
-                t = do_bench(own)
-            except Exception as e:  # noqa: BLE001 (a configuration that does not compile or fit: say so, go on)
-                print(f"  N {block_n} s {stages} w {warps} parts {parts}: {type(e).__name__}")
-                continue
-            err = ((out.float() - plain_out.float()).norm() / plain_out.float().norm()).item()
-            print(
-                f"  N {block_n} s {stages} w {warps} parts {parts}: {t * 1e3:.1f} us "
-                f"({own_bytes / t / 1e9:.2f} TB/s), rel err {err:.1e}"
-            )
+            label = f"N {block_n} s {stages} w {warps} parts {parts}"
+            if (timed := _timed(label, own, out, plain_out)) is not None:
+                t, err = timed
+                print(f"  {label}: {t * 1e3:.1f} us ({own_bytes / t / 1e9:.2f} TB/s), rel err {err:.1e}")
 
 
 def eager_mixed() -> None:
