@@ -281,7 +281,7 @@ class LoRADelta:
         n = y.shape[1]
         assert y.shape[0] == t and y.stride(-1) == 1 and n == self.lora_b.shape[2]
         sum_sq = self.sum_sq if self.sum_sq is not None else self.partials
-        cfg = {**EXPAND, **(config or {})}
+        cfg = EXPAND if config is None else {**EXPAND, **config}  # (no merge on the engine's path)
         _expand_add_kernel[(triton.cdiv(t, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))](
             y,
             self.partials,
@@ -342,7 +342,7 @@ def lora_shrink(
     assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
     n = lora_b.shape[2]
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
-    cfg = {**SHRINK, **(config or {})}
+    cfg = SHRINK if config is None else {**SHRINK, **config}  # (no merge on the engine's path)
     if splits is None:
         splits = shrink_splits(t, r2, k, x.device, cfg)
     k_split = triton.cdiv(triton.cdiv(k, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
