@@ -22,6 +22,11 @@ the prefix's partials (a mixed step's prompt chunks then take the prefill kernel
 data at fixed addresses, so such a step replays a graph captured with both kernels (`runs_cascade`); a step
 with no group runs the plain graph and pays nothing. Layers with a sliding window run the plain kernel.
 
+A prefill or mixed step of at most PREFILL_SPLIT_TOKENS tokens gives the prefill kernel a workspace of
+PREFILL_SPLITS partials (reserved once): its query tiles over long cached prefixes then share their keys
+among several programs (heron/kernels/paged_prefill.py, "Split keys"). Larger steps have query tiles enough
+to fill the GPU, and layers with a sliding window keep one program a tile.
+
 A layer's sliding window and soft cap (`AttentionParams`) reach both kernels as constexprs: each distinct
 set compiles a variant of its own, and a layer without them runs the kernels that full attention always ran.
 """
@@ -32,6 +37,9 @@ import torch
 
 from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 from heron.attention.cascade import CascadeBuffers, CascadePlanner
+
+PREFILL_SPLITS = 4  # programs that may share a prefill query tile's keys
+PREFILL_SPLIT_TOKENS = 1024  # the largest step whose query tiles may split (the workspace's rows)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -53,6 +61,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._planned: tuple[AttentionMetadata, str] | None = None
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
         self._order: torch.Tensor | None = None  # the planned step's launch order, see _launch_order
+        self._split_ws: tuple[torch.Tensor, ...] | None = None  # prefill partials, see reserve()
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> str:
@@ -99,7 +108,8 @@ class TritonAttentionBackend(AttentionBackend):
         **_: object,
     ) -> None:
         """Allocate the split-KV partials once, for the largest batch * partitions any step can ask for:
-        a buffer reallocated later would leave captured graphs pointing at freed memory. With `cascade_attn`
+        a buffer reallocated later would leave captured graphs pointing at freed memory; the prefill kernel's
+        split partials likewise (PREFILL_SPLIT_TOKENS rows). With `cascade_attn`
         (and the cache's dtype and block size) the cascade's plan buffers and prefix partials too."""
         if cascade_attn and dtype is not None and block_size is not None:
             kernels = self._cascade_kernels
@@ -116,6 +126,9 @@ class TritonAttentionBackend(AttentionBackend):
             torch.empty(need * self.head_dim, dtype=torch.float32, device=device),
             torch.empty(2 * need, dtype=torch.float32, device=device),
             torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=device),
+        )
+        self._split_ws = self._prefill.make_split_workspace(
+            PREFILL_SPLITS, PREFILL_SPLIT_TOKENS, self.num_heads, self.head_dim, device
         )
 
     def _workspace(self, batch: int, parts: int):
@@ -222,5 +235,12 @@ class TritonAttentionBackend(AttentionBackend):
                 soft_cap=params.logits_soft_cap,
                 k_scale=params.k_scale,
                 v_scale=params.v_scale,
+                split_workspace=self._prefill_split(q, params),
             )
         return out
+
+    def _prefill_split(self, q: torch.Tensor, params: AttentionParams) -> tuple[torch.Tensor, ...] | None:
+        """The prefill kernel's split workspace for a step small enough to use it (see the module's docstring)."""
+        if self._split_ws is None or params.sliding_window or q.shape[0] > PREFILL_SPLIT_TOKENS:
+            return None
+        return self._split_ws

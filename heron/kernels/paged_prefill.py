@@ -12,6 +12,18 @@ past their sequence's chunk (the grid is sized by the longest chunk) return at o
 
 `max_query_len` is a host int (AttentionMetadata has it): no device read-back.
 
+Split keys (a `split_workspace` for S shares): a step of a few short chunks over long cached prefixes (a
+request joining 255 decoding ones behind a 2,000-token system prompt) has only a few query tiles, each walking
+~60 key tiles in turn on one SM while the rest idle. Then up to S programs share a query tile's unmasked key
+tiles (one per `min_split_keys` keys), the last of them also the diagonal; each stores its normalized partial
+output and log-sum-exp and bumps the tile's arrival counter, and the share that arrives last merges them
+(`_merge_shares`, in share order) and zeroes the counter: no second launch. The shares run in the grid's
+first-axis slots: slot i of a chunk of n query tiles is share i // n of tile i % n. A wide batch (a mixed step
+over a full decode batch, whose grid is sized by its longest chunk, or by its graph's) keeps its grid: its
+shorter chunks use the slots they leave free; a step of up to SPLIT_SLOTS_MAX_SEQS sequences gets S slots a
+tile. How many share a tile is computed on the device from the step's data (`_num_splits`, the slots), so a
+CUDA graph replays any step, and a tile with a short prefix runs whole and writes its output itself.
+
 With a sliding window (WINDOW, a constexpr: 0 compiles the variant above) row r sees keys (pos_r - WINDOW,
 pos_r]: tiles wholly before the tile's first row's window are never visited, the keys every row sees (from the
 last row's window start to the first row's position) go through the unmasked loop, and the tiles at the
@@ -25,6 +37,8 @@ scales inside the exponent's argument (`_softmax_pv`: one FMA per score). With 8
 the previous loop (table read in the same iteration, scale then subtract, 2 stages): 1.09-1.10 x on the
 kernels benchmark's prefill, 1.06-1.09 x on fresh 512-token prompts (H200, docs/history/perf_notes.md run 14; a
 lazy rescale of the accumulator and a longest-first launch order were slower there).
+
+Length: one kernel, its key-split merge and their host side; the loops and the online softmax are shared.
 """
 
 from __future__ import annotations
@@ -166,6 +180,13 @@ def _attend_keys(
 
 
 @triton.jit
+def _num_splits(first_pos, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """How many programs share a query tile's unmasked key tiles (those before its first position): one per
+    MIN_TILES of them, at most SPLITS. The prefill kernel and the merge compute it alike, from the same data."""
+    return tl.minimum(tl.maximum((first_pos + 1) // BLOCK_N // MIN_TILES, 1), SPLITS)
+
+
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -174,6 +195,11 @@ def _paged_prefill_kernel(
     seq_lens_ptr,
     qsl_ptr,
     out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    count_ptr,
+    ws_rows,
+    num_heads,
     qk_scale,
     v_scale,
     stride_qt,
@@ -196,6 +222,8 @@ def _paged_prefill_kernel(
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     FP8: tl.constexpr,
+    SPLITS: tl.constexpr,
+    MIN_TILES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -205,6 +233,11 @@ def _paged_prefill_kernel(
     kvh = tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
+    split = 0
+    if SPLITS > 1:  # slot qt of the grid's first axis is share qt // n of the chunk's tile qt % n
+        n = tl.maximum(tl.cdiv(q_len, BLOCK_Q), 1)
+        split = qt // n
+        qt = qt % n
     if qt * BLOCK_Q >= q_len:
         return
     if SKIP_DECODE:
@@ -268,6 +301,17 @@ def _paged_prefill_kernel(
         )
     else:
         mid = 0
+    hi = full_end
+    used = 1
+    if SPLITS > 1:  # this program's share of the unmasked tiles; the last share takes the diagonal too
+        slots = tl.num_programs(0) // tl.maximum(tl.cdiv(q_len, BLOCK_Q), 1)
+        used = tl.minimum(_num_splits(first_pos, BLOCK_N, SPLITS, MIN_TILES), slots)
+        if split >= used:
+            return
+        n_tiles = full_end // BLOCK_N
+        mid = split * n_tiles // used * BLOCK_N
+        hi = (split + 1) * n_tiles // used * BLOCK_N
+        kv_end = tl.where(split == used - 1, kv_end, full_end)
     acc, m_i, l_i = _attend_keys(
         acc,
         m_i,
@@ -278,7 +322,7 @@ def _paged_prefill_kernel(
         bt_row,
         kv_head_off,
         mid,
-        full_end,
+        hi,
         pos,
         stride_cblk,
         stride_coff,
@@ -319,13 +363,71 @@ def _paged_prefill_kernel(
         FP8,
     )
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
     if FP8:
         out = out * v_scale
-    tl.store(
-        out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=r_ok[:, None],
+    out_ptrs = out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    if used > 1:  # a partial result and its log-sum-exp (log2); the share that arrives last merges them all
+        rows = (split * ws_rows + q_row) * num_heads + heads
+        tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], out, mask=r_ok[:, None])
+        tl.store(part_lse_ptr + rows, m_i + tl.log2(l_safe), mask=r_ok)
+        tl.debug_barrier()  # every thread's partials are issued before the release below
+        count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
+            out = _merge_shares(
+                part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
+            )
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+            tl.store(count, 0)
+    else:
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+
+@triton.jit
+def _merge_shares(
+    part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr
+):
+    """A split tile's output: its `used` shares' partial outputs weighted by exp2(lse - max lse), over the sum of
+    the weights, summed in share order (the same result whichever share arrived last). Read past L1 (.cg): the
+    other shares wrote them from other SMs."""
+    d = tl.arange(0, HEAD_DIM)
+    m = tl.full(q_row.shape, float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):
+        ok = r_ok & (s < used)
+        lse = tl.load(
+            part_lse_ptr + (s * ws_rows + q_row) * num_heads + heads, mask=ok, other=float("-inf"), cache_modifier=".cg"
+        )
+        m = tl.maximum(m, lse)
+    m = tl.where(r_ok, m, 0.0)
+    acc = tl.zeros([q_row.shape[0], HEAD_DIM], tl.float32)
+    den = tl.zeros(q_row.shape, tl.float32)
+    for s in tl.static_range(SPLITS):
+        ok = r_ok & (s < used)
+        rows = (s * ws_rows + q_row) * num_heads + heads
+        lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        w = tl.where(ok, tl.exp2(lse - m), 0.0)
+        o = tl.load(
+            part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg"
+        )
+        acc += w[:, None] * o
+        den += w
+    return acc / tl.where(den > 0, den, 1.0)[:, None]
+
+
+SPLIT_SLOTS_MAX_SEQS = 16  # steps of at most this many sequences get `splits` grid slots per query tile
+
+
+def make_split_workspace(
+    splits: int, rows: int, num_heads: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a step of up to `rows` query tokens whose tiles may share their keys out `splits` ways: the partial
+    outputs [splits, rows, H, D] and log-sum-exps [splits, rows, H] (float32), and the arrival counters [rows, H]
+    (int32, zero; each merge leaves its counter zeroed). Allocate once: a captured graph keeps the addresses."""
+    return (
+        torch.empty(splits, rows, num_heads, head_dim, dtype=torch.float32, device=device),
+        torch.empty(splits, rows, num_heads, dtype=torch.float32, device=device),
+        torch.zeros(rows, num_heads, dtype=torch.int32, device=device),
     )
 
 
@@ -363,6 +465,8 @@ def paged_prefill_attention(
     soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    split_workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    min_split_keys: int = 512,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
 
@@ -375,7 +479,10 @@ def paged_prefill_attention(
     override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
     `sliding_window` W: each query sees its last W keys only; `soft_cap` c: scores s become c * tanh(s / c)
     (each a compiled variant of its own; None: full attention). A float8 (e4m3) cache is read as k * k_scale and
-    v * v_scale.
+    v * v_scale. `split_workspace` (`make_split_workspace`, as many rows as q at least; no sliding window): up
+    to its first dimension's count of programs share a query tile's keys before the tile, one per
+    `min_split_keys` of them, and the last to finish merges their partial results (a step of few query tiles
+    over long cached prefixes, which would otherwise walk its keys on a few SMs; see the module's docstring).
     """
     check_cache(kv_cache)
     fp8 = is_fp8(kv_cache.dtype)
@@ -402,8 +509,18 @@ def paged_prefill_attention(
     assert block_n >= 16 and block_n & (block_n - 1) == 0
     block_q = block_m // g_pad
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    grid = (triton.cdiv(max_query_len, block_q), batch, num_kv_heads)
-    _paged_prefill_kernel[grid](
+    slots = triton.cdiv(max_query_len, block_q)  # the grid's first axis: one slot per query tile of the longest
+    splits, part_o, part_lse, counts = 1, out, out, seq_lens
+    if split_workspace is not None:
+        part_o, part_lse, counts = split_workspace
+        splits = part_o.shape[0]
+        assert not sliding_window, "a sliding window's keys are not split"
+        assert part_o.shape[1:] == (part_o.shape[1], num_heads, head_dim) and part_o.shape[1] >= q.shape[0]
+        assert part_lse.shape == part_o.shape[:3] and counts.shape == (part_o.shape[1], num_heads)
+        assert part_o.is_contiguous() and part_lse.is_contiguous() and counts.is_contiguous()
+        if batch <= SPLIT_SLOTS_MAX_SEQS:
+            slots *= splits  # (a wide batch's shares take the slots its shorter chunks leave free)
+    _paged_prefill_kernel[(slots, batch, num_kv_heads)](
         q,
         k_cache,
         v_cache,
@@ -411,6 +528,11 @@ def paged_prefill_attention(
         seq_lens,
         query_start_loc,
         out,
+        part_o,
+        part_lse,
+        counts,
+        part_o.shape[1],
+        num_heads,
         scale * LOG2E * (k_scale if fp8 else 1.0),
         v_scale,
         q.stride(0),
@@ -433,6 +555,8 @@ def paged_prefill_attention(
         WINDOW=sliding_window or 0,
         SOFT_CAP=soft_cap * LOG2E if soft_cap else 0.0,
         FP8=fp8,
+        SPLITS=splits,
+        MIN_TILES=max(1, min_split_keys // block_n),
         num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],

@@ -17,7 +17,7 @@ from heron.kernels.paged_decode import (
     make_decode_workspace,
     paged_decode_attention,
 )
-from heron.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
+from heron.kernels.paged_prefill import make_split_workspace, paged_prefill_attention  # noqa: E402
 from heron.kernels.reference import paged_decode_ref, paged_prefill_ref, write_kv_ref  # noqa: E402
 from tests.kernels.kernel_utils import assert_close, make_batch, make_cache, pick_device, skip_unless_runnable  # noqa: E402
 
@@ -271,6 +271,52 @@ def test_paged_prefill_padded_group_tiles(tiles):
     assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {tiles}")
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+def test_paged_prefill_split_keys(splits):
+    """Query tiles that share their keys among up to `splits` programs (2 key tiles of 16 a share here), in a
+    narrow step (`splits` grid slots a tile): chunks behind long prefixes (split the most ways), behind a short
+    one (2 ways), a fresh prompt (its early tiles whole, its late ones split) and a decode row left alone
+    (skip_decode). The merged result equals the oracle and the unsplit kernel's, the decode row's output is
+    untouched, and the arrival counters are left zeroed."""
+    seq_lens, q_lens = [200, 150, 40, 90], [20, 1, 40, 7]
+    out, ws = _split_prefill(seq_lens, q_lens, splits)
+    assert torch.isfinite(ws[1][:, :20]).all(), "the long prefix's tiles are split every way"
+    assert torch.isnan(ws[1][:, 21:29]).all(), "the fresh prompt's first tile ran whole"
+
+
+def test_paged_prefill_split_keys_in_a_wide_step():
+    """A step of more sequences than SPLIT_SLOTS_MAX_SEQS keeps its grid (one slot per query tile of its longest
+    chunk, 5 here): a 3-token chunk behind 200 cached tokens shares its keys 4 ways in the slots it leaves free;
+    the decode rows and the long fresh chunk are as without splits."""
+    seq_lens, q_lens = [40, 203, *[100 + i for i in range(16)]], [40, 3, *[1] * 16]
+    out, ws = _split_prefill(seq_lens, q_lens, 4)
+    assert torch.isfinite(ws[1][:, 40:43]).all(), "the short chunk's tile is split 4 ways"
+    assert torch.isnan(ws[1][:, :40]).all(), "the fresh chunk's tiles ran whole"
+
+
+def _split_prefill(seq_lens: list[int], q_lens: list[int], splits: int):
+    """The prefill kernel over this batch (GQA 4, 8-token query tiles, 16-key tiles, skip_decode) with a split
+    workspace of `splits` shares, checked against the oracle and the unsplit kernel; returns (out, workspace)."""
+    gen = _gen(13)
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, 0.125)
+    tiles = dict(skip_decode=True, block_m=32, block_n=16)
+    whole = paged_prefill_attention(*args, out=_nan_like(q), **tiles)
+    ws = make_split_workspace(splits, meta.num_tokens + 3, 8, 64, DEVICE)
+    ws[0].fill_(float("nan")), ws[1].fill_(float("nan"))
+    out = paged_prefill_attention(*args, out=_nan_like(q), split_workspace=ws, min_split_keys=32, **tiles)
+    starts = meta.query_start_loc_cpu.tolist()
+    rows = [r for i, n in enumerate(q_lens) if n > 1 for r in range(starts[i], starts[i] + n)]
+    decode = [starts[i] for i, n in enumerate(q_lens) if n == 1]
+    assert_close(out[rows], _oracle(q, cache, meta, 0.125)[rows], torch.bfloat16, f"split {splits} vs oracle")
+    assert_close(out[rows], whole[rows], torch.bfloat16, f"split {splits} vs whole")
+    assert torch.isnan(out[decode]).all(), "decode rows are the decode kernel's"
+    assert torch.count_nonzero(ws[2]) == 0, "every merge zeroed its counter"
+    return out, ws
+
+
 # -- attention variants: sliding window, soft-capped logits ------------------------------------------------------
 
 VARIANT_DECODE_CASES = [
@@ -337,14 +383,16 @@ def test_paged_prefill_window_and_soft_cap(window, cap, seq_lens, q_lens):
 # -- the backend -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed", "prefix"])
 def test_triton_backend_matches_torch_backend(kind):
+    """Each kind of step against the torch backend; "prefix": a mixed step whose 5-token chunk follows 1,095
+    cached tokens, so its query tiles share their keys out (the reserved split workspace)."""
     from heron.attention.triton_backend import TritonAttentionBackend
 
     gen = _gen(6)
     num_heads, num_kv_heads, head_dim, block_size, dtype = 8, 2, 64, 16, torch.bfloat16
-    seq_lens = {"decode": [12, 40, 3], "prefill": [20, 33], "mixed": [25, 7, 40, 1]}[kind]
-    q_lens = {"decode": [1, 1, 1], "prefill": [20, 6], "mixed": [1, 7, 11, 1]}[kind]
+    seq_lens = {"decode": [12, 40, 3], "prefill": [20, 33], "mixed": [25, 7, 40, 1], "prefix": [1100, 25, 1]}[kind]
+    q_lens = {"decode": [1, 1, 1], "prefill": [20, 6], "mixed": [1, 7, 11, 1], "prefix": [5, 1, 1]}[kind]
     meta = make_batch(seq_lens, q_lens, block_size, DEVICE, gen)
     cache = make_cache(meta.num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE, gen)
     t = meta.num_tokens
@@ -355,12 +403,14 @@ def test_triton_backend_matches_torch_backend(kind):
     tri = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
     tri.num_partitions = 2 if not ON_GPU else None
     tri.reserve(len(seq_lens), DEVICE)
-    assert tri.plan(meta) == kind
+    assert tri.plan(meta) == kind.replace("prefix", "mixed")
     write_kv_ref(k, v, cache, meta.slot_mapping)  # as the model's rotary kernel writes them
     want = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(q.float(), cache.float(), meta)
     tri.prepare(meta)
+    lse = tri._split_ws[1].fill_(float("nan"))
     got = tri.forward(q, cache, meta)
     assert_close(got, want, dtype, kind)
+    assert lse.isfinite().any() == (kind == "prefix"), "only the long prefix's chunk shares its keys out"
 
 
 @pytest.mark.parametrize("kind", ["decode", "mixed"])
@@ -488,6 +538,26 @@ def test_paged_prefill_large(heads, head_dim):
     )
     ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
     assert_close(out, ref, torch.bfloat16, "prefill large")
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [(16, 8), (32, 8)])
+def test_paged_prefill_split_keys_large(heads):
+    """The prefix workload's mixed step in production shapes: chunks of 90-200 tokens behind ~2,000 cached
+    tokens (3-4 shares a tile at the default 512 keys a share), one behind a short prefix, a decode row."""
+    num_heads, num_kv_heads = heads
+    gen = _gen(9)
+    seq_lens, q_lens = [2125, 2300, 2090, 300, 2200], [125, 200, 90, 150, 1]
+    meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
+    cache = make_cache(meta.num_blocks, 16, num_kv_heads, 128, torch.bfloat16, DEVICE, gen)
+    q = torch.randn(meta.num_tokens, num_heads, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, 128**-0.5)
+    ws = make_split_workspace(4, 1024, num_heads, 128, DEVICE)
+    out = paged_prefill_attention(*args, out=_nan_like(q), split_workspace=ws)
+    ref = paged_prefill_ref(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, 128**-0.5)
+    assert_close(out, ref, torch.bfloat16, "split prefill large")
+    assert_close(out, paged_prefill_attention(*args), torch.bfloat16, "split vs whole")
 
 
 @gpu_only
