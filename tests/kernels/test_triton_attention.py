@@ -271,15 +271,16 @@ def test_paged_prefill_padded_group_tiles(tiles):
     assert_close(out, _oracle(q, cache, meta, 0.125), torch.bfloat16, f"prefill {tiles}")
 
 
-@pytest.mark.parametrize("splits", [2, 4])
-def test_paged_prefill_split_keys(splits):
+@pytest.mark.parametrize("splits,cap", [(2, None), (4, None), (4, 5.0)])
+def test_paged_prefill_split_keys(splits, cap):
     """Query tiles that share their keys among up to `splits` programs (2 key tiles of 16 a share here), in a
     narrow step (`splits` grid slots a tile): chunks behind long prefixes (split the most ways), behind a short
     one (2 ways), a fresh prompt (its early tiles whole, its late ones split) and a decode row left alone
-    (skip_decode). The merged result equals the oracle and the unsplit kernel's, the decode row's output is
-    untouched, and the arrival counters are left zeroed."""
+    (skip_decode); with Gemma 2's soft cap too (the shares' log-sum-exps in its capped units). The merged result
+    equals the oracle and the unsplit kernel's, the decode row's output is untouched, and the arrival counters
+    are left zeroed."""
     seq_lens, q_lens = [200, 150, 40, 90], [20, 1, 40, 7]
-    out, ws = _split_prefill(seq_lens, q_lens, splits)
+    out, ws = _split_prefill(seq_lens, q_lens, splits, cap)
     assert torch.isfinite(ws[1][:, :20]).all(), "the long prefix's tiles are split every way"
     assert torch.isnan(ws[1][:, 21:29]).all(), "the fresh prompt's first tile ran whole"
 
@@ -294,15 +295,16 @@ def test_paged_prefill_split_keys_in_a_wide_step():
     assert torch.isnan(ws[1][:, :40]).all(), "the fresh chunk's tiles ran whole"
 
 
-def _split_prefill(seq_lens: list[int], q_lens: list[int], splits: int):
-    """The prefill kernel over this batch (GQA 4, 8-token query tiles, 16-key tiles, skip_decode) with a split
-    workspace of `splits` shares, checked against the oracle and the unsplit kernel; returns (out, workspace)."""
+def _split_prefill(seq_lens: list[int], q_lens: list[int], splits: int, cap: float | None = None):
+    """The prefill kernel over this batch (GQA 4, 8-token query tiles, 16-key tiles, skip_decode, soft cap `cap`)
+    with a split workspace of `splits` shares, checked against the oracle and the unsplit kernel; returns (out,
+    workspace)."""
     gen = _gen(13)
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
     args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, 0.125)
-    tiles = dict(skip_decode=True, block_m=32, block_n=16)
+    tiles = dict(skip_decode=True, block_m=32, block_n=16, soft_cap=cap)
     whole = paged_prefill_attention(*args, out=_nan_like(q), **tiles)
     ws = make_split_workspace(splits, meta.num_tokens + 3, 8, 64, DEVICE)
     ws[0].fill_(float("nan")), ws[1].fill_(float("nan"))
@@ -310,7 +312,8 @@ def _split_prefill(seq_lens: list[int], q_lens: list[int], splits: int):
     starts = meta.query_start_loc_cpu.tolist()
     rows = [r for i, n in enumerate(q_lens) if n > 1 for r in range(starts[i], starts[i] + n)]
     decode = [starts[i] for i, n in enumerate(q_lens) if n == 1]
-    assert_close(out[rows], _oracle(q, cache, meta, 0.125)[rows], torch.bfloat16, f"split {splits} vs oracle")
+    want = paged_attention_ref(q.float(), cache.float(), meta, 0.125, soft_cap=cap)
+    assert_close(out[rows], want[rows], torch.bfloat16, f"split {splits} vs oracle")
     assert_close(out[rows], whole[rows], torch.bfloat16, f"split {splits} vs whole")
     assert torch.isnan(out[decode]).all(), "decode rows are the decode kernel's"
     assert torch.count_nonzero(ws[2]) == 0, "every merge zeroed its counter"
