@@ -33,10 +33,15 @@ set compiles a variant of its own, and a layer without them runs the kernels tha
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from heron.attention.backend import AttentionBackend, AttentionMetadata, AttentionParams
 from heron.attention.cascade import CascadeBuffers, CascadePlanner
+
+if TYPE_CHECKING:
+    from heron.kernels.paged_prefill import SplitWorkspace
 
 PREFILL_SPLITS = 4  # programs that may share a prefill query tile's keys
 PREFILL_SPLIT_TOKENS = 1024  # the largest step whose query tiles may split (the workspace's rows)
@@ -61,7 +66,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._planned: tuple[AttentionMetadata, str] | None = None
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None  # split-KV partials, see reserve()
         self._order: torch.Tensor | None = None  # the planned step's launch order, see _launch_order
-        self._split_ws: tuple[torch.Tensor, ...] | None = None  # prefill partials, see reserve()
+        self._split_ws: SplitWorkspace | None = None  # prefill partials, see reserve()
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> str:
@@ -239,7 +244,7 @@ class TritonAttentionBackend(AttentionBackend):
             )
         return out
 
-    def _prefill_split(self, q: torch.Tensor, params: AttentionParams) -> tuple[torch.Tensor, ...] | None:
+    def _prefill_split(self, q: torch.Tensor, params: AttentionParams) -> SplitWorkspace | None:
         """The prefill kernel's split workspace for a step small enough to use it (see the module's docstring)."""
         if self._split_ws is None or params.sliding_window or q.shape[0] > PREFILL_SPLIT_TOKENS:
             return None

@@ -416,11 +416,10 @@ def _merge_shares(
 
 
 SPLIT_SLOTS_MAX_SEQS = 16  # steps of at most this many sequences get `splits` grid slots per query tile
+SplitWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # partial outputs, log-sum-exps, counters
 
 
-def make_split_workspace(
-    splits: int, rows: int, num_heads: int, head_dim: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_split_workspace(splits: int, rows: int, num_heads: int, head_dim: int, device: torch.device) -> SplitWorkspace:
     """For a step of up to `rows` query tokens whose tiles may share their keys out `splits` ways: the partial
     outputs [splits, rows, H, D] and log-sum-exps [splits, rows, H] (float32), and the arrival counters [rows, H]
     (int32, zero; each merge leaves its counter zeroed). Allocate once: a captured graph keeps the addresses."""
@@ -465,7 +464,7 @@ def paged_prefill_attention(
     soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    split_workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    split_workspace: SplitWorkspace | None = None,
     min_split_keys: int = 512,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys.
@@ -515,7 +514,7 @@ def paged_prefill_attention(
         part_o, part_lse, counts = split_workspace
         splits = part_o.shape[0]
         assert not sliding_window, "a sliding window's keys are not split"
-        assert part_o.shape[1:] == (part_o.shape[1], num_heads, head_dim) and part_o.shape[1] >= q.shape[0]
+        assert part_o.shape[2:] == (num_heads, head_dim) and part_o.shape[1] >= q.shape[0]
         assert part_lse.shape == part_o.shape[:3] and counts.shape == (part_o.shape[1], num_heads)
         assert part_o.is_contiguous() and part_lse.is_contiguous() and counts.is_contiguous()
         if batch <= SPLIT_SLOTS_MAX_SEQS:
