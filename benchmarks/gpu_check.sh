@@ -285,16 +285,18 @@ for s in $SECTIONS; do case $s in
   ab-attention)  # a change to the attention kernels timed against its parent in one call (benchmarks/ab.sh,
     # interleaved, AB_ROUNDS rounds): the trees from .ab-a.tar and .ab-b.tar (`git archive --prefix=a/` and `b/`,
     # carried), over the workloads whose steps differ in attention: the prefix workload (cascade, mixed steps
-    # behind long cached prompts), the plain offline 0.6B one and 20,000 short requests (mixed steps every step)
+    # behind long cached prompts), the plain offline 0.6B one and 20,000 short requests (mixed steps every step);
+    # AB_WORKLOADS picks among prefix, offline and many (a cascade-only change: prefix)
     rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
     M=(--model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096)
     P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
        --output-len-range 64,256)
     AB=(bash benchmarks/ab.sh /tmp/a /tmp/b "${AB_ROUNDS:-2}" bench throughput "${M[@]}")
-    run ab-prefix env OUT="$LOGS/ab-prefix" "${AB[@]}" "${P[@]}"
-    run ab-offline env OUT="$LOGS/ab-offline" "${AB[@]}"
-    run ab-many env OUT="$LOGS/ab-many" "${AB[@]}" --num-prompts 20000 --input-len-range 16,64 \
-        --output-len-range 16,64 --no-limit ;;
+    W=" ${AB_WORKLOADS:-prefix offline many} "
+    [[ $W == *" prefix "* ]] && run ab-prefix env OUT="$LOGS/ab-prefix" "${AB[@]}" "${P[@]}"
+    [[ $W == *" offline "* ]] && run ab-offline env OUT="$LOGS/ab-offline" "${AB[@]}"
+    [[ $W == *" many "* ]] && run ab-many env OUT="$LOGS/ab-many" "${AB[@]}" --num-prompts 20000 \
+        --input-len-range 16,64 --output-len-range 16,64 --no-limit ;;
   serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
     # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 1024
