@@ -9,7 +9,7 @@
 #   bash benchmarks/ab.sh /tmp/a /tmp/b 2 bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy ...
 #
 # Arguments: two or more source trees (directories), rounds, then the `heron` CLI arguments. Prints each run's
-# "Heron, ..." result row (the throughput table's) or, failing that, its last line; each run's log goes to
+# first "Heron" result row (the throughput or latency table's) or, failing that, its last line; each run's log goes to
 # $OUT/ab-<tree>-<round>.log.
 set -u
 TREES=(); while [ -d "$1" ]; do TREES+=("$1"); shift; done
@@ -19,7 +19,7 @@ for round in $(seq "$ROUNDS"); do
   for tree in "${TREES[@]}"; do
     log="$OUT/ab-$(basename "$tree")-$round.log"
     (cd "$tree" && PYTHONPATH="$tree:${SITE:-/tmp/site}" python3 -m heron.entrypoints.cli "$@") > "$log" 2>&1
-    row=$(grep -a "^| Heron," "$log" | head -1)
+    row=$(grep -aE "^\| Heron[ ,]" "$log" | head -1)
     echo "$(basename "$tree") round $round: ${row:-$(tail -1 "$log")}"
   done
 done

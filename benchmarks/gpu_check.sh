@@ -111,7 +111,7 @@ for s in $SECTIONS; do case $s in
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run lora-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_lora.py tests/layers/test_lora.py \
         tests/entrypoints/test_llm_lora.py tests/kernels/test_gemv.py::test_lora_delta_in_the_epilogue \
-        -k "gathered or kernel or delta or wrappers"
+        tests/kernels/test_gemv.py::test_lora_one_row_graph_replay -k "gathered or kernel or delta or wrappers or row"
     run lora-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
         --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit \
         --save-result --result-name lora-qwen3-8b
@@ -297,6 +297,13 @@ for s in $SECTIONS; do case $s in
     [[ $W == *" offline "* ]] && run ab-offline env OUT="$LOGS/ab-offline" "${AB[@]}"
     [[ $W == *" many "* ]] && run ab-many env OUT="$LOGS/ab-many" "${AB[@]}" --num-prompts 20000 \
         --input-len-range 16,64 --output-len-range 16,64 --no-limit ;;
+  ab-lora)  # issue 25: a change to the LoRA kernels timed against its parent in one call (trees as ab-attention's):
+    # batch-1 decode with one rank-16 adapter on Qwen3-8B's shapes, AB_ROUNDS interleaved rounds
+    rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
+    python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
+    run ab-lora env OUT="$LOGS/ab-lora" bash benchmarks/ab.sh /tmp/a /tmp/b "${AB_ROUNDS:-2}" bench latency \
+        --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 --enable-lora --max-lora-rank 16 \
+        --lora-adapter /tmp/loras-qwen3-8b/lora0 ;;
   serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
     # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 1024
