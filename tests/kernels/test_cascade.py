@@ -192,12 +192,15 @@ def test_planner_rules():
     assert sorted(tile_members[:2].reshape(-1).tolist()) == [-1, -1, -1, 0, 1, 2, 3, 4]
 
 
-def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("eager", [False, True] if DEVICE.type == "cuda" else [False])
+def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch, eager):
     """Requests sharing a system prompt, through the engine on the Triton backend: greedy outputs with cascade
     attention equal those without, and the cascade ran, in decode steps and in mixed ones. The first request
     fills the prefix cache; the others then share its blocks, at different lengths; one finishes early (the
     steps after it plan without it) and the last, admitted in its place (four at a time), prefills beside the
-    others' decode rows."""
+    others' decode rows. On a GPU, with CUDA graphs and without: there a mixed step of at most 8 sequences
+    replays a small-step graph, which has no cascade variant (executor/graph_keys.py), so only the eager
+    engine's mixed steps run one."""
     from heron import LLM, SamplingParams
     from heron.attention import cascade as plan
     from heron.inputs import TokensPrompt
@@ -221,12 +224,13 @@ def test_engine_greedy_same_with_and_without_cascade(tiny_model_dir, monkeypatch
     for disable in (False, True):
         llm = LLM(
             tiny_model_dir("qwen3"), device=DEVICE.type, dtype="float32", attention_backend="triton",
-            disable_cascade_attn=disable, kv_cache_memory=32 << 20, max_num_seqs=4,
+            disable_cascade_attn=disable, kv_cache_memory=32 << 20, max_num_seqs=4, enforce_eager=eager,
         )  # fmt: skip
         first = llm.generate(prompts[:1], params[0], use_tqdm=False)
         rest = llm.generate(prompts[1:], params[1:], use_tqdm=False)
         outputs[disable] = [o.outputs[0].token_ids for o in first + rest]
         assert any(cascade for cascade, _ in grouped) != disable
-        assert any(cascade and mixed for cascade, mixed in grouped) != disable
+        if eager or DEVICE.type != "cuda":
+            assert any(cascade and mixed for cascade, mixed in grouped) != disable
         grouped.clear()
     assert outputs[False] == outputs[True]
