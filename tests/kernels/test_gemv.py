@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,6 +196,27 @@ def test_fp8_weights(m, cfg, prologue):
     _check(got, x_in, w, b, f"fp8 {prologue} {cfg}")
 
 
+def _adapters(slots: int, sizes: list[int], rank: int, k: int, gen: torch.Generator):
+    """`slots` adapters' A [S, P*R, k] and B [S, P*R, N] (bf16) for a projection of parts `sizes`, B
+    block-diagonal: part p's rank rows feed only its columns."""
+    n = sum(sizes)
+    a = (torch.randn(slots, len(sizes) * rank, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
+    lb = torch.randn(slots, len(sizes) * rank, n, generator=gen)
+    for p in range(len(sizes)):
+        keep = torch.zeros(n, dtype=torch.bool)
+        keep[sum(sizes[:p]) : sum(sizes[: p + 1])] = True
+        lb[:, p * rank : (p + 1) * rank, ~keep] = 0
+    return a, lb.to(DEVICE, torch.bfloat16)
+
+
+def _mapping(slots: list[int], num_slots: int) -> list[torch.Tensor]:
+    """The rows' slots and their grouping by slot (token_slots, sorted_tokens, slot_start) on DEVICE."""
+    from heron.executor.lora_manager import group_by_slot
+
+    order, starts = group_by_slot(np.array(slots), num_slots)
+    return [t.to(DEVICE) for t in (torch.tensor(slots), torch.from_numpy(order), torch.from_numpy(starts))]
+
+
 LORA_CASES = [  # (rows, config, prologue, the rows' slots, a float8 weight)
     (1, GemvConfig(16, 64, dot=False), "none", [1], False),  # 16-column tiles across both part boundaries
     (1, GemvConfig(16, 64, split_k=2, dot=False), "silu_mul", [0], False),  # the last split's epilogue
@@ -210,24 +232,14 @@ def test_lora_delta_in_the_epilogue(m, cfg, prologue, slots, fp8, monkeypatch):
     """A projection plus its LoRA delta (heron/kernels/lora.py's shrink, over the same prologue's input) equals
     F.linear plus the dense reference's delta; one row on the FMA path adds it in the GEMV's epilogue (the
     expand kernel never runs), more rows run the expand after."""
-    import numpy as np
-
-    from heron.executor.lora_manager import group_by_slot
     from heron.kernels.lora import LoRADelta, lora_shrink
     from heron.kernels.reference import lora_ref
 
     gen = torch.Generator().manual_seed(m + len(prologue))
     sizes, rank, k = [40, 24, 36], 4, 200
-    a = (torch.randn(3, 3 * rank, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
-    lb = torch.randn(3, 3 * rank, 100, generator=gen)
-    for p in range(3):  # block-diagonal: part p's rank rows feed only its columns
-        keep = torch.zeros(100, dtype=torch.bool)
-        keep[sum(sizes[:p]) : sum(sizes[: p + 1])] = True
-        lb[:, p * rank : (p + 1) * rank, ~keep] = 0
-    lb = lb.to(DEVICE, torch.bfloat16)
+    a, lb = _adapters(3, sizes, rank, k, gen)
     token_slots = torch.tensor(slots)
-    order, starts = group_by_slot(np.array(slots), 3)
-    mapping = [t.to(DEVICE) for t in (token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
+    mapping = _mapping(slots, 3)
     if fp8:
         wq, scale = _fp8_weight(100, k, gen)
         w = wq.float() * scale
@@ -318,3 +330,49 @@ def test_cuda_graph_replay():
         for got, want in zip(captured, step()):
             assert torch.equal(got, want)
     _check(captured[0], x, w, b, "replayed split-K")
+
+
+@gpu_only
+def test_lora_one_row_graph_replay():
+    """Batch-1 projections with an adapter at Qwen3-8B's qkv and o shapes, chained (the o projection reads the
+    qkv one's output, each GEMV adds its delta in the epilogue): captured once, replayed with new inputs and
+    slots, equal to eager calls and to F.linear plus the dense reference's delta."""
+    from heron.kernels.gemm.linear import linear
+    from heron.kernels.lora import LoRAWeights
+    from heron.kernels.reference import lora_ref
+
+    gen = torch.Generator().manual_seed(11)
+    k, rank, num_slots = 4096, 16, 3
+    qkv_sizes = [4096, 1024, 1024]
+    w_qkv = (torch.randn(sum(qkv_sizes), k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
+    w_o = (torch.randn(k, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
+    a_qkv, b_qkv = _adapters(num_slots, qkv_sizes, rank, k, gen)
+    a_o, b_o = _adapters(num_slots, [k], rank, k, gen)
+    x = torch.randn(1, k, generator=gen).to(DEVICE, torch.bfloat16)
+    mapping = _mapping([1], num_slots)
+    lora_qkv = LoRAWeights(a_qkv, b_qkv, *mapping, qkv_sizes, rank)
+    lora_o = LoRAWeights(a_o, b_o, *mapping, [k], rank)
+
+    def step():
+        qkv = linear(x, w_qkv, lora=lora_qkv)
+        return qkv, linear(qkv[:, :k], w_o, lora=lora_o)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for slot in (2, -1, 0):
+        x.copy_(torch.randn_like(x))
+        for live, new in zip(mapping, _mapping([slot], num_slots)):
+            live[: new.numel()].copy_(new)  # (a row without an adapter is in no slot's run)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(captured, step()):
+            assert torch.equal(got, want), f"slot {slot}: replay != eager"
+        qkv, o = captured
+        delta = lora_ref(x.float(), a_qkv.float(), b_qkv.float(), mapping[0])
+        assert rel_err(qkv, torch.nn.functional.linear(x.float(), w_qkv.float()) + delta) < 1e-2, f"slot {slot}: qkv"
+        u = qkv[:, :k].float()
+        delta = lora_ref(u, a_o.float(), b_o.float(), mapping[0])
+        assert rel_err(o, torch.nn.functional.linear(u, w_o.float()) + delta) < 1e-2, f"slot {slot}: o"
