@@ -18,6 +18,8 @@ START=$(mktemp); touch "$START"  # the records newer than this are this call's: 
 bundle() { python3 benchmarks/name_by_gpu.py "$START"; tar czf "$OUT/results.tgz" benchmarks/results -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$LOGS/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; bundle; }
+# the two trees of an A/B (`git archive --prefix=a/` and `b/` into .ab-a.tar and .ab-b.tar, carried) as /tmp/a, /tmp/b
+ab_trees() { rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp; }
 for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.bench.kernels ;;
@@ -287,7 +289,7 @@ for s in $SECTIONS; do case $s in
     # carried), over the workloads whose steps differ in attention: the prefix workload (cascade, mixed steps
     # behind long cached prompts), the plain offline 0.6B one and 20,000 short requests (mixed steps every step);
     # AB_WORKLOADS picks among prefix, offline and many (a cascade-only change: prefix)
-    rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
+    ab_trees
     M=(--model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096)
     P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
        --output-len-range 64,256)
@@ -299,7 +301,7 @@ for s in $SECTIONS; do case $s in
         --input-len-range 16,64 --output-len-range 16,64 --no-limit ;;
   ab-lora)  # issue 25: a change to the LoRA kernels timed against its parent in one call (trees as ab-attention's):
     # batch-1 decode with one rank-16 adapter on Qwen3-8B's shapes, AB_ROUNDS interleaved rounds
-    rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp
+    ab_trees
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run ab-lora env OUT="$LOGS/ab-lora" bash benchmarks/ab.sh /tmp/a /tmp/b "${AB_ROUNDS:-2}" bench latency \
         --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 --enable-lora --max-lora-rank 16 \

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 import shlex
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from heron import LLM, LoRARequest, SamplingParams
 from heron.entrypoints.cli import build_parser
+from tests.docs import FENCE
 
 REPO = Path(__file__).resolve().parents[2]
 # page -> a flag one of its commands must show (the page's subject)
@@ -23,7 +23,6 @@ PAGES = {
     "docs/ko/lora.md": "--enable-lora",
     "docs/ko/quantization.md": "--quantization",
 }
-FENCE = re.compile(r"^```(bash|python)\n(.*?)^```$", re.S | re.M)
 CALLABLES = {"LLM": LLM, "LoRARequest": LoRARequest, "SamplingParams": SamplingParams}
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs import FENCE
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "ko" / "README.md"
-FENCE = re.compile(r"^```(bash|python)\n(.*?)^```$", re.S | re.M)
 
 
 def quickstart_script(text: str, port: int) -> str:

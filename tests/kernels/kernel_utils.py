@@ -104,3 +104,17 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
     assert err < rel_tol, f"{what}: relative error {err:.3g} >= {rel_tol}"
     max_abs = (out.float() - ref.float()).abs().max().item()
     assert max_abs < atol + rel_tol * ref.float().abs().max().item(), f"{what}: max abs error {max_abs:.3g}"
+
+
+def random_adapters(num_slots: int, in_size: int, out_sizes: list[int], max_rank: int, ranks: list[int], gen):
+    """LoRA A and B (float32, CPU) as LoRAStack holds them: slot s of rank ranks[s], each part's rows past it
+    zero, B block-diagonal (part p's rank rows feed only its output columns)."""
+    parts = len(out_sizes)
+    a = torch.zeros(num_slots, parts * max_rank, in_size)
+    b = torch.zeros(num_slots, parts * max_rank, sum(out_sizes))
+    for s, r in enumerate(ranks):
+        for p, n in enumerate(out_sizes):
+            rows, col = slice(p * max_rank, p * max_rank + r), sum(out_sizes[:p])
+            a[s, rows] = torch.randn(r, in_size, generator=gen) / in_size**0.5
+            b[s, rows, col : col + n] = torch.randn(r, n, generator=gen)
+    return a, b

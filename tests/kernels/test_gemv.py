@@ -21,7 +21,7 @@ from heron.kernels.gemv import (
     use_gemv,
 )
 from heron.kernels.reference import rms_norm_ref, silu_and_mul_ref
-from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
+from tests.kernels.kernel_utils import pick_device, random_adapters, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
 ON_GPU = DEVICE.type == "cuda"
@@ -197,16 +197,9 @@ def test_fp8_weights(m, cfg, prologue):
 
 
 def _adapters(slots: int, sizes: list[int], rank: int, k: int, gen: torch.Generator):
-    """`slots` adapters' A [S, P*R, k] and B [S, P*R, N] (bf16) for a projection of parts `sizes`, B
-    block-diagonal: part p's rank rows feed only its columns."""
-    n = sum(sizes)
-    a = (torch.randn(slots, len(sizes) * rank, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16)
-    lb = torch.randn(slots, len(sizes) * rank, n, generator=gen)
-    for p in range(len(sizes)):
-        keep = torch.zeros(n, dtype=torch.bool)
-        keep[sum(sizes[:p]) : sum(sizes[: p + 1])] = True
-        lb[:, p * rank : (p + 1) * rank, ~keep] = 0
-    return a, lb.to(DEVICE, torch.bfloat16)
+    """`slots` adapters of full rank for a projection of parts `sizes`, in bf16 on DEVICE."""
+    a, b = random_adapters(slots, k, sizes, rank, [rank] * slots, gen)
+    return a.to(DEVICE, torch.bfloat16), b.to(DEVICE, torch.bfloat16)
 
 
 def _mapping(slots: list[int], num_slots: int) -> list[torch.Tensor]:

@@ -14,24 +14,11 @@ triton = pytest.importorskip("triton")
 from heron.executor.lora_manager import group_by_slot
 from heron.kernels.lora import _shrink_kernel, lora_shrink, shrink_splits
 from heron.kernels.reference import gelu_tanh_and_mul_ref, lora_ref, rms_norm_ref, silu_and_mul_ref
-from tests.kernels.kernel_utils import pick_device, rel_err, skip_unless_runnable
+from tests.kernels.kernel_utils import pick_device, random_adapters, rel_err, skip_unless_runnable
 
 DEVICE = pick_device()
 
 skip_unless_runnable(_shrink_kernel, DEVICE)
-
-
-def _adapters(num_slots: int, in_size: int, out_sizes: list[int], max_rank: int, ranks: list[int], gen):
-    """A and B as LoRAStack holds them: each part's rows past the adapter's rank zero, B block-diagonal."""
-    parts = len(out_sizes)
-    a = torch.zeros(num_slots, parts * max_rank, in_size)
-    b = torch.zeros(num_slots, parts * max_rank, sum(out_sizes))
-    for s, r in enumerate(ranks):
-        for p, n in enumerate(out_sizes):
-            rows, col = slice(p * max_rank, p * max_rank + r), sum(out_sizes[:p])
-            a[s, rows] = torch.randn(r, in_size, generator=gen) / in_size**0.5
-            b[s, rows, col : col + n] = torch.randn(r, n, generator=gen)
-    return a, b
 
 
 CASES = [
@@ -63,7 +50,7 @@ SPLIT_CASES = [  # split-K: `in` of 5.5 tiles in 2, 3 (ranges rounded up to whol
 @pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "splits"), [c + (None,) for c in CASES])
 def test_gathered_kernel_equals_the_dense_reference(slots, in_size, out_sizes, max_rank, ranks, splits, dtype):
     gen = torch.Generator().manual_seed(len(slots))
-    a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
+    a, b = random_adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
     x = torch.randn(len(slots), in_size, generator=gen)
     y = torch.randn(len(slots), sum(out_sizes), generator=gen)
     a, b, x, y = (t.to(dtype) for t in (a, b, x, y))
@@ -101,7 +88,7 @@ def test_the_shrink_makes_its_input_as_the_references_do(
     residual added in the shrink): the delta equals the dense reference's over the references' input (the norm
     rounds h * weight once where rms_norm_ref rounds twice: within the bf16 tolerance)."""
     gen = torch.Generator().manual_seed(len(slots) + len(prologue))
-    a, b = _adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
+    a, b = random_adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
     x = torch.randn(len(slots), in_size if prologue.startswith("norm") else 2 * in_size, generator=gen) * 2
     residual = torch.randn(len(slots), in_size, generator=gen)
     weight = torch.rand(in_size, generator=gen) + 0.5
