@@ -18,8 +18,9 @@ START=$(mktemp); touch "$START"  # the records newer than this are this call's: 
 bundle() { python3 benchmarks/name_by_gpu.py "$START"; tar czf "$OUT/results.tgz" benchmarks/results -C "$(dirname "$LOGS")" "$(basename "$LOGS")"; }
 run() { local name=$1; shift; echo "=== $name: $*"; local t=$SECONDS
         ( "$@" ) 2>&1 | tee "$LOGS/$name.log"; echo "=== $name took $((SECONDS - t)) s (exit ${PIPESTATUS[0]})"; bundle; }
-# the two trees of an A/B (`git archive --prefix=a/` and `b/` into .ab-a.tar and .ab-b.tar, carried) as /tmp/a, /tmp/b
-ab_trees() { rm -rf /tmp/a /tmp/b && tar xf .ab-a.tar -C /tmp && tar xf .ab-b.tar -C /tmp; }
+# the trees of an A/B (`git archive --prefix=a/`, `b/`, ... into .ab-a.tar, .ab-b.tar, ..., carried) as /tmp/a,
+# /tmp/b, ... in TREES; AB_TREES names them (default "a b": a warm machine may keep an earlier call's tars)
+ab_trees() { TREES=(); for n in ${AB_TREES:-a b}; do rm -rf /tmp/$n && tar xf .ab-$n.tar -C /tmp && TREES+=(/tmp/$n); done; }
 for s in $SECTIONS; do case $s in
   machine) run machine nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv ;;
   kernels) run kernels python3 -m heron.bench.kernels ;;
@@ -293,19 +294,25 @@ for s in $SECTIONS; do case $s in
     M=(--model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096)
     P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
        --output-len-range 64,256)
-    AB=(bash benchmarks/ab.sh /tmp/a /tmp/b "${AB_ROUNDS:-2}" bench throughput "${M[@]}")
+    AB=(bash benchmarks/ab.sh "${TREES[@]}" "${AB_ROUNDS:-2}" bench throughput "${M[@]}")
     W=" ${AB_WORKLOADS:-prefix offline many} "
     [[ $W == *" prefix "* ]] && run ab-prefix env OUT="$LOGS/ab-prefix" "${AB[@]}" "${P[@]}"
     [[ $W == *" offline "* ]] && run ab-offline env OUT="$LOGS/ab-offline" "${AB[@]}"
     [[ $W == *" many "* ]] && run ab-many env OUT="$LOGS/ab-many" "${AB[@]}" --num-prompts 20000 \
         --input-len-range 16,64 --output-len-range 16,64 --no-limit ;;
-  ab-lora)  # issue 25: a change to the LoRA kernels timed against its parent in one call (trees as ab-attention's):
-    # batch-1 decode with one rank-16 adapter on Qwen3-8B's shapes, AB_ROUNDS interleaved rounds
+  ab-lora)  # issue 25: changes to the LoRA kernels timed against their parent in one call (trees as ab-attention's),
+    # AB_ROUNDS interleaved rounds of each workload AB_WORKLOADS names: bs1 (batch-1 decode with one rank-16 adapter
+    # on Qwen3-8B's shapes), offline (`lora`'s offline workload with 8 adapters, each run with its base arm: the
+    # rows are the adapters' arm, the logs hold each run's ratio_vs_base)
     ab_trees
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
-    run ab-lora env OUT="$LOGS/ab-lora" bash benchmarks/ab.sh /tmp/a /tmp/b "${AB_ROUNDS:-2}" bench latency \
-        --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 --enable-lora --max-lora-rank 16 \
-        --lora-adapter /tmp/loras-qwen3-8b/lora0 ;;
+    M=(--model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 --enable-lora --max-lora-rank 16)
+    AB=(bash benchmarks/ab.sh "${TREES[@]}" "${AB_ROUNDS:-2}")
+    W=" ${AB_WORKLOADS:-bs1} "
+    [[ $W == *" bs1 "* ]] && run ab-lora env OUT="$LOGS/ab-lora" "${AB[@]}" bench latency "${M[@]}" \
+        --lora-adapter /tmp/loras-qwen3-8b/lora0
+    [[ $W == *" offline "* ]] && run ab-lora-offline env OUT="$LOGS/ab-lora-offline" "${AB[@]}" bench throughput \
+        "${M[@]}" --max-loras 8 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit ;;
   serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
     # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 1024
