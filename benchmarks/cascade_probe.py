@@ -26,9 +26,13 @@ from heron.kernels.paged_decode import (
     paged_decode_attention,
 )
 
+LONERS = 8  # `suffix`: sequences outside any group beside 248 grouped ones
 
-def structure(rng, batch: int = 256, groups: int = 16, prefix: int = 2000, bs: int = 16):
-    """Block tables [batch, width] and lengths: group g's members share its prefix blocks, then blocks of their own."""
+
+def structure(rng, batch: int = 256, groups: int = 16, prefix: int = 2000, bs: int = 16, loners: int = 0):
+    """Block tables [batch, width] and lengths: group g's members share its prefix blocks, then blocks of their own;
+    the last `loners` sequences hold a copy of their prefix of their own (two prompts of one prefix computed in
+    the same step share no blocks), so no group takes them and they walk all of their keys in the second pass."""
     pre = prefix // bs
     own = rng.integers(50, 451, batch)
     lens = prefix + own
@@ -38,6 +42,9 @@ def structure(rng, batch: int = 256, groups: int = 16, prefix: int = 2000, bs: i
     for i in range(batch):
         g = i % groups
         tables[i, :pre] = np.arange(g * pre, (g + 1) * pre)
+        if i >= batch - loners:
+            tables[i, :pre] = np.arange(next_block, next_block + pre)
+            next_block += pre
         n = -(-int(own[i]) // bs)
         tables[i, pre : pre + n] = np.arange(next_block, next_block + n)
         next_block += n
@@ -114,13 +121,22 @@ def main() -> None:
 
 def suffix() -> None:
     """The cascade's second launch alone: the decode kernel over each sequence's own keys (its shared prefix's
-    partials merged), with its tile (keys), stages, warps and partitions swept. Its default tile, 128 keys with
-    3 stages (one program per SM), is sized for long runs of keys; here each program has 50-450. The prefix
-    workload's first decode steps spent 111 us a layer in it (H200 profile, Qwen3-0.6B, ~135 own keys a
-    sequence: ~35 us of reading at the copy rate). Outputs checked against the plain kernel."""
+    partials merged), with its tile (keys), stages, warps and partitions swept, each launched in the order of the
+    sequences' lengths (today's) and of their own keys. Its default tile, 128 keys with 3 stages (one program per
+    SM), is sized for long runs of keys; here a grouped sequence has 50-450, and LONERS sequences outside any
+    group ~2,250 (session 22's 16-key tile, the best here without them, made the prefix workload 20% slower:
+    likely those rows' tail). The prefix workload's first decode steps spent 111 us a layer in it (H200
+    profile, Qwen3-0.6B, ~135 own keys a sequence: ~35 us of reading at the copy rate). Outputs checked against
+    the plain kernel."""
+    for loners in (0, LONERS):
+        print(f"== {loners} of 256 sequences outside any group")
+        _suffix_sweep(loners)
+
+
+def _suffix_sweep(loners: int) -> None:
     dev = torch.device("cuda")
-    tables, lens, num_blocks = structure(np.random.default_rng(0))
-    batch, bs, d, prefix_len = len(lens), 16, 128, 2000
+    tables, lens, num_blocks = structure(np.random.default_rng(0), loners=loners)
+    batch, bs, d = len(lens), 16, 128
     for heads, kv_heads in ((16, 8), (32, 8)):
         cache = torch.randn(2, num_blocks, bs, kv_heads, d, device=dev, dtype=torch.bfloat16)
         q = torch.randn(batch, heads, d, device=dev, dtype=torch.bfloat16)
@@ -134,21 +150,23 @@ def suffix() -> None:
         prefix = cascade.cascade_prefix_attention(
             q, cache, bt, tile_len, members, d**-0.5, cascade.make_prefix_workspace(batch, heads, d, dev)
         )
-        own_bytes = int((lens - prefix_len).sum()) * kv_heads * d * 2 * 2
-        order = longest_first(sl)
+        own_keys = sl - kv_start
+        own_bytes = int(own_keys.sum()) * kv_heads * d * 2 * 2
+        orders = {"len": longest_first(sl), "own": longest_first(own_keys)}
         print(f"heads {heads}/{kv_heads}: own keys {own_bytes / 1e6:.0f} MB a layer")
-        for block_n, stages, warps, parts in itertools.product((16, 32, 64, 128), (2, 3), (2, 4), (1, 2)):
+        sweep = itertools.product((16, 32, 64, 128), (2, 3), (2, 4), (1, 2), orders)
+        for block_n, stages, warps, parts, by in sweep:
             ws = make_decode_workspace(batch, heads, kv_heads, d, parts, dev) if parts > 1 else None
             out = torch.empty_like(q)
 
             def own():
                 paged_decode_attention(
                     q, cache, bt, sl, d**-0.5, out=out, num_partitions=parts, workspace=ws,
-                    order=order, heads_first=True, kv_start=kv_start, prefix=prefix,
+                    order=orders[by], heads_first=True, kv_start=kv_start, prefix=prefix,
                     block_n=block_n, num_warps=warps, num_stages=stages,
                 )  # fmt: skip
 
-            label = f"N {block_n} s {stages} w {warps} parts {parts}"
+            label = f"N {block_n} s {stages} w {warps} parts {parts} order {by}"
             if (timed := _timed(label, own, out, plain_out)) is not None:
                 t, err = timed
                 print(f"  {label}: {t * 1e3:.1f} us ({own_bytes / t / 1e9:.2f} TB/s), rel err {err:.1e}")
