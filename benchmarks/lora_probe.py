@@ -1,9 +1,10 @@
 """The gathered LoRA kernels at Qwen3-8B's four projections (rank 16 on every part, 8 adapters round robin), timed
 under CUDA-graph replay for each configuration of a sweep around heron/kernels/lora.py's SHRINK and EXPAND: the
 shrink and the expand at 256 tokens (the offline workload's decode step, where a profile put them at 4.9% and
-7.7% of the step) and the shrink at 1 token with its prologues (the latency case, where the GEMV's epilogue does
-the expand; 4.3 us a call on an H100). Per configuration, one layer's sum over the projections (the door's
-configuration is one for all of them), and each result against the default configuration's.
+7.7% of the step) and at 8,192 (its prefill step), and the shrink at 1 token with its prologues (the latency
+case, where the GEMV's epilogue does the expand; 4.3 us a call on an H100). Per configuration, one layer's sum
+over the projections (the door's configuration is one for all of them), and each result against the default
+configuration's.
 
     python benchmarks/lora_probe.py
 """
@@ -27,28 +28,23 @@ PROJECTIONS = {
     "gate_up": (HIDDEN, [INTER, INTER], "norm_residual"),
     "down": (INTER, [HIDDEN], "silu"),
 }
+EXPAND_GRID = [
+    dict(BLOCK_M=m, BLOCK_N=n, num_warps=w) for m, n, w in itertools.product((16, 32, 64), (64, 128, 256), (4, 8))
+]
+SHRINK_GRID = [
+    dict(BLOCK_M=m, BLOCK_K=k, num_stages=s) for m, k, s in itertools.product((16, 32, 64), (64, 128, 256), (2, 3))
+]
 SWEEPS = {  # (tokens, the kernel, the configurations: each a dict of overrides)
-    "expand @256": (
-        256,
-        "expand",
-        [
-            dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
-            for m, n, w in itertools.product((16, 32, 64), (64, 128, 256), (4, 8))
-        ],
-    ),
-    "shrink @256": (
-        256,
-        "shrink",
-        [
-            dict(BLOCK_M=m, BLOCK_K=k, num_stages=s)
-            for m, k, s in itertools.product((16, 32, 64), (64, 128, 256), (2, 3))
-        ],
-    ),
+    "expand @256": (256, "expand", EXPAND_GRID),
+    "shrink @256": (256, "shrink", SHRINK_GRID),
     "shrink @1": (
         1,
         "shrink",
         [dict(BLOCK_K=k, num_warps=w) for k, w in itertools.product((64, 128, 256, 512), (1, 2, 4))],
     ),
+    # a prefill step's (the offline workload's 8,192-token steps took 228 ms with the adapters, H100 profile)
+    "expand @8192": (8192, "expand", EXPAND_GRID),
+    "shrink @8192": (8192, "shrink", SHRINK_GRID),
 }
 
 
