@@ -54,7 +54,7 @@ from heron.kernels.rmsnorm import fix_bf16, round_to
 # TILE_ROWS tokens (the GEMV's decode sizes) and for larger ones; `tiles` picks the entry.
 TILE_ROWS = 16
 SHRINK = (
-    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=128, num_warps=4, num_stages=3),
+    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=64, num_warps=2, num_stages=3),
     dict(BLOCK_M=32, BLOCK_R=16, BLOCK_K=64, num_warps=4, num_stages=3),
 )
 EXPAND = (
