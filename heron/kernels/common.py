@@ -41,7 +41,8 @@ def num_sms(device: torch.device) -> int:
 
 
 @functools.cache
-def _pdl(device: torch.device) -> bool:
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on `device` can launch as programmatic dependents (sm_90+, not under HERON_PDL=0)."""
     if device.type != "cuda" or torch.version.hip or interpreting() or os.environ.get("HERON_PDL", "1") == "0":
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)
@@ -58,17 +59,31 @@ def pdl_options(device: torch.device, rows: int) -> dict:
     steps of up to 16 rows run their projections in the GEMV, and with every kernel launched so the batch-1 decode
     step was slower (run 32: Llama-3.1-8B 4.71 ms a token against 4.17 recorded without it), so those steps launch
     as before."""
-    return dict(PDL=True, launch_pdl=True) if rows >= PDL_MIN_ROWS and _pdl(device) else dict(PDL=False)
+    return dict(PDL=True, launch_pdl=True) if rows >= PDL_MIN_ROWS and pdl_supported(device) else dict(PDL=False)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel has finished and its writes are visible (a no-op in a kernel
+    launched plainly, which starts after it anyway)."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    """Under PDL: let the next kernel, if it launches as a programmatic dependent, onto the SMs now."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel's first statement under `pdl_options`: wait until the previous kernel has finished and its
-    writes are visible (before any load or store, so no program can touch memory early, nor exit before the
-    wait: the kernel's end then implies its predecessor's), then let the next kernel launch."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    """A kernel's first statement under `pdl_options`: wait for the previous kernel (before any load or store,
+    so no program can touch memory early, nor exit before the wait: the kernel's end then implies its
+    predecessor's), then let the next kernel launch."""
+    pdl_wait(PDL)
+    pdl_release(PDL)
 
 
 @triton.jit

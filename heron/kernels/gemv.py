@@ -55,6 +55,10 @@ one-row GEMV on the FMA path: each program reads its columns' rank rows of the r
 sums (all of its split-K partials in one load) and adds their product before the single rounding; after a norm
 prologue the shrink's sums of h * weight take the same 1 / rms as the main sums. Batch-1 decode with adapters
 then pays one launch per projection (the shrink) instead of two. Other shapes run the expand kernel after.
+On sm_90+ that GEMV launches as the shrink's programmatic dependent (PDL): the shrink lets it onto the SMs at
+once, its main loop streams the weight beside the shrink (x was complete before the shrink began), and it waits
+for the shrink's sums only in the epilogue. Every column tile's last program waits, so the GEMV's end implies
+the shrink's, and the kernels after it need nothing new.
 
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
@@ -73,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.common import dot_upcast, num_sms, pdl_supported, pdl_wait
 from heron.kernels.lora import LoRADelta, lora_row_delta
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -189,6 +193,7 @@ def _gemv_kernel(
     LORA: tl.constexpr,
     LORA_R_PAD: tl.constexpr,
     LORA_S_PAD: tl.constexpr,
+    LORA_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -279,6 +284,7 @@ def _gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
     if LORA:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
+        pdl_wait(LORA_PDL)  # the shrink's sums are complete from here
         delta = lora_row_delta(
             lora_part_ptr,
             lora_b_ptr,
@@ -506,8 +512,9 @@ def _launch(
         lora_ptrs = (lora.token_slots, parts, lora_b)
         lora_args = (*lora.offsets, lora.max_rank, parts.shape[0], parts.stride(0), lora_b.stride(0), lora_b.stride(1))
         r_pad, s_pad = triton.next_power_of_2(lora_b.shape[1]), triton.next_power_of_2(parts.shape[0])
+        launch = dict(LORA_PDL=True, launch_pdl=True) if pdl_supported(x.device) else dict(LORA_PDL=False)
     else:
-        lora_ptrs, lora_args, r_pad, s_pad = (x2, x2, x2), (0,) * 7, 1, 1
+        lora_ptrs, lora_args, r_pad, s_pad, launch = (x2, x2, x2), (0,) * 7, 1, 1, dict(LORA_PDL=False)
     _gemv_kernel[(tiles, cfg.split_k)](
         x2,
         weight,
@@ -550,6 +557,7 @@ def _launch(
         LORA_S_PAD=s_pad,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch,
     )
     if lora is not None and not fuse:
         lora.add_to_(out.view(-1, n))

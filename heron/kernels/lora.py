@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.activation import gated_act
-from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.common import dot_upcast, num_sms, pdl_release, pdl_supported
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 # Tiles and launch options, the door to them (`benchmarks/lora_probe.py` sweeps them at Qwen3-8B's shapes): the
@@ -109,7 +109,9 @@ def _shrink_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     FIX_BF16: tl.constexpr,
+    RELEASE: tl.constexpr,
 ):
+    pdl_release(RELEASE)  # a one-row GEMV after it may start streaming its weight (heron/kernels/gemv.py)
     m, j, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, ok, slots, first, last = _tile_tokens(slots_ptr, sorted_ptr, start_ptr, m, NUM_SLOTS, BLOCK_M)
     k_lo = split * K_SPLIT
@@ -395,6 +397,7 @@ def lora_shrink(
         UPCAST=dot_upcast(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # a float32 model's sums stay float32
         FIX_BF16=fix_bf16(),
+        RELEASE=pdl_supported(x.device),
         **cfg,
     )
     return LoRADelta(

@@ -24,11 +24,11 @@ def pdl_env(monkeypatch):
 
     def use(value: str) -> None:
         monkeypatch.setenv("HERON_PDL", value)
-        common._pdl.cache_clear()
+        common.pdl_supported.cache_clear()
 
     yield use
     monkeypatch.delenv("HERON_PDL", raising=False)
-    common._pdl.cache_clear()
+    common.pdl_supported.cache_clear()
 
 
 def test_pdl_only_on_hopper_past_the_gemv_sizes(pdl_env):
