@@ -147,11 +147,14 @@ class TritonAttentionBackend(AttentionBackend):
         part_l = ml[need : 2 * need].view(batch, self.num_heads, parts)
         return part_o, part_m, part_l, counts[: batch * self.num_kv_heads]
 
-    def _launch_order(self, meta: AttentionMetadata) -> torch.Tensor:
+    def _launch_order(self, meta: AttentionMetadata, kv_start: torch.Tensor | None) -> torch.Tensor:
         """The decode programs' launch order for the planned step (`forward` plans it first), computed by its first
-        layer (inside a captured graph when the step is one) and reused by the others."""
+        layer (inside a captured graph when the step is one) and reused by the others: by length, or by the keys
+        each sequence's program walks in a cascade (`kv_start` on: its length less its group's prefix, so a
+        sequence outside any group, which walks all of its keys, starts before the grouped ones)."""
         if self._order is None:
-            self._order = self._decode.longest_first(meta.seq_lens[: meta.num_seqs])
+            lens = meta.seq_lens[: meta.num_seqs]
+            self._order = self._decode.longest_first(lens if kv_start is None else lens - kv_start)
         return self._order
 
     def _run_decode(self, q, kv_cache, meta, out, query_start_loc, params: AttentionParams, cascade=None):
@@ -161,7 +164,7 @@ class TritonAttentionBackend(AttentionBackend):
         kv_start, prefix = cascade or (None, None)  # (kv_start, the prefix partials) of a planned cascade
         # Ordered where each program has a long run of keys (<= 2 partitions, batches past ~64): there a long
         # sequence started last would hold the tail; small batches split every sequence 4-16 ways instead.
-        order = self._launch_order(meta) if query_start_loc is None and b > 1 and parts <= 2 else None
+        order = self._launch_order(meta, kv_start) if query_start_loc is None and b > 1 and parts <= 2 else None
         self._decode.paged_decode_attention(
             q,
             kv_cache,
