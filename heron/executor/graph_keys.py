@@ -12,8 +12,11 @@ attention grids cover, so a step runs in a graph by being padded to its key.
   a job of many short requests (each step admits a few prompts in the places of finished sequences). Such a
   step run eagerly is bound by its ~10 kernel launches a layer from Python (~30 ms for Qwen3-0.6B on the
   H200, against ~3 ms replayed). T in steps of 64 tokens to 512, of 128 to 1024, of 256 to 2048 (padding
-  costs at most a quarter more matmul rows); Q, the prefill kernel's query tiles per sequence, either
-  MIXED_SHORT_QUERY (short prompts: one tile row a sequence) or T (any chunk).
+  costs at most a quarter more matmul rows); Q, the prefill kernel's query tiles per sequence, each of
+  MIXED_QUERIES below T (short prompts: one tile row a sequence at 64; a question behind a cached system
+  prompt at 256) or T (any chunk). The prefill kernel's grid has a row of Q / tile programs per sequence
+  slot, N of them, nearly all of them decode rows that exit at once: a Q nearer the step's longest chunk
+  launches fewer of them.
 Anything larger runs eagerly (each graph costs capture time at start-up and memory in the graphs' pool).
 """
 
@@ -24,7 +27,7 @@ GraphKey = tuple[int, int, int]  # (num_tokens, num_seqs, max_query_len) of a ca
 PREFILL_TOKENS = (16, 32, 64, 128, 256, 512)
 PREFILL_MAX_SEQS = 8
 MIXED_TOKENS = (*range(64, 513, 64), *range(640, 1025, 128), *range(1280, 2049, 256))
-MIXED_SHORT_QUERY = 64
+MIXED_QUERIES = (64, 256)
 
 
 def is_decode(key: GraphKey) -> bool:
@@ -60,7 +63,7 @@ class GraphKeys:
             cap = min(max_num_batched_tokens, MIXED_TOKENS[-1])
             for tokens in {t for t in MIXED_TOKENS if t < cap} | {cap}:
                 if tokens > max_num_seqs:
-                    mixed.update((tokens, max_num_seqs, q) for q in (min(MIXED_SHORT_QUERY, tokens), tokens))
+                    mixed.update((tokens, max_num_seqs, min(q, tokens)) for q in (*MIXED_QUERIES, tokens))
         return cls(sorted(decode), small, sorted(mixed))
 
     def all(self) -> list[GraphKey]:
