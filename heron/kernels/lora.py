@@ -40,6 +40,9 @@ for every token (the dense product over all slots, `lora_ref`, which the CPU run
 rows (a batch's base-model tokens) return at once. It depends only on shapes, and the runs are read on the
 device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no run). Each row is in
 one tile, so no two programs write one element of y.
+
+Length: the shrink, the expand and the expand inside the activation read one layout (the shrink's partials, the
+rows by slot, B by parts) through `LoRADelta`; apart, that layout would be spread over three files.
 """
 
 from __future__ import annotations
