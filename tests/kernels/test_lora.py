@@ -12,7 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from heron.executor.lora_manager import group_by_slot
-from heron.kernels.lora import _shrink_kernel, lora_shrink, shrink_splits
+from heron.kernels.lora import SHRINK, _shrink_kernel, lora_shrink, shrink_splits, tiles
 from heron.kernels.reference import gelu_tanh_and_mul_ref, lora_ref, rms_norm_ref, silu_and_mul_ref
 from tests.kernels.kernel_utils import pick_device, random_adapters, rel_err, skip_unless_runnable
 
@@ -152,7 +152,7 @@ def test_the_expand_inside_the_activation_equals_the_references(
 def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
     cpu = torch.device("cpu")  # counted as 4 SMs
     assert shrink_splits(1, 16, 12288, cpu) == 8  # batch 1: one program before the split
-    assert shrink_splits(1, 16, 256, cpu) == 2  # never a range shorter than one tile
+    assert shrink_splits(1, 16, 256, cpu) == 256 // tiles(SHRINK, 1)["BLOCK_K"]  # never shorter than one tile
     assert shrink_splits(8192, 48, 4096, cpu) == 1  # a prefill step's grid is large enough
 
 
