@@ -69,6 +69,7 @@ EXPAND = (
     dict(BLOCK_M=16, BLOCK_R=16, BLOCK_N=128, num_warps=4, num_stages=3),
     dict(BLOCK_M=32, BLOCK_R=16, BLOCK_N=256, num_warps=4, num_stages=3),
 )
+EXPAND_ACT = EXPAND[0]  # the expand inside the activation: two accumulators, so the small tiles at any size
 MAX_PARTS = 3  # q/k/v
 # the shrink's prologue: what x is and how the matrix's input is made from it
 SILU, GELU_TANH, NORM = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
@@ -416,7 +417,7 @@ class LoRADelta:
         assert self.sum_sq is None and r2 == 2 * self.max_rank and self.offsets[0] == inter
         assert y.shape == (t, 2 * inter) and y.stride(-1) == 1 and self.lora_b.shape[2] == 2 * inter
         out = torch.empty(t, inter, dtype=y.dtype, device=y.device)
-        cfg = EXPAND if config is None else {**EXPAND, **config}
+        cfg = EXPAND_ACT if config is None else {**EXPAND_ACT, **config}
         _expand_act_kernel[(triton.cdiv(t, cfg["BLOCK_M"]), triton.cdiv(inter, cfg["BLOCK_N"]))](
             y,
             out,
