@@ -8,15 +8,13 @@ from __future__ import annotations
 import ast
 import inspect
 import shlex
-from pathlib import Path
 
 import pytest
 
 from heron import LLM, LoRARequest, SamplingParams
 from heron.entrypoints.cli import build_parser
-from tests.docs import FENCE
+from tests.docs import FENCE, REPO
 
-REPO = Path(__file__).resolve().parents[2]
 # page -> a flag one of its commands must show (the page's subject)
 PAGES = {
     "docs/lora.md": "--enable-lora",

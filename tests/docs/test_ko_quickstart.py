@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import FENCE
+from tests.docs import FENCE, REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "ko" / "README.md"
 
 
