@@ -30,6 +30,10 @@ class LoRAManager:
         # copy may still be queued while the next one is filled
         size = 2 * max_tokens + config.max_loras + 1
         self._device = torch.full((size,), -1, dtype=torch.long, device=device)
+        # before any step's prepare (the start-up's profiling and compile steps): every row the base model's, as
+        # prepare would list them; the kernel that applies gate/up's delta inside the activation reads every row
+        base = group_by_slot(np.full(max_tokens, -1), config.max_loras)
+        self._device[max_tokens:].copy_(torch.from_numpy(np.concatenate(base)))
         self._host = [torch.full((size,), -1, dtype=torch.long, pin_memory=self.gathered) for _ in range(2)]
         self._max_tokens = max_tokens
         d = self._device
