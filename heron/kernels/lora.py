@@ -55,11 +55,11 @@ from heron.kernels.rmsnorm import fix_bf16, round_to
 TILE_ROWS = 16
 SHRINK = (
     dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=64, num_warps=2, num_stages=3),
-    dict(BLOCK_M=32, BLOCK_R=16, BLOCK_K=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=128, num_warps=4, num_stages=3),
 )
 EXPAND = (
     dict(BLOCK_M=16, BLOCK_R=16, BLOCK_N=128, num_warps=4, num_stages=3),
-    dict(BLOCK_M=32, BLOCK_R=16, BLOCK_N=256, num_warps=4, num_stages=3),
+    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_N=128, num_warps=4, num_stages=3),
 )
 MAX_PARTS = 3  # q/k/v
 # the shrink's prologue: what x is and how the matrix's input is made from it
