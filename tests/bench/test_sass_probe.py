@@ -1,0 +1,34 @@
+"""benchmarks/sass_probe.py: the prefill kernel compiled for sm_90a on the CPU, its registers, spills and loops read."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import sass_probe  # noqa: E402
+
+
+def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
+    """One program a tile: ptxas holds it to the 128 registers the launch asks for, and the SASS has the two key
+    loops (the unmasked tiles', the diagonal's), each with the two matrix products' MMAs and the K/V loads."""
+    asm = sass_probe.compile_sm90(
+        sass_probe.paged_prefill._paged_prefill_kernel,
+        sass_probe.PREFILL | dict(SPLITS=1),
+        {"qk_scale", "v_scale"},
+        num_warps=8,
+        num_stages=3,
+        maxnreg=128,
+    )
+    assert "Used 128 registers" in sass_probe.ptxas_usage(asm["ptx"])
+    rows, labels = sass_probe.sass(asm["cubin"])
+    assert len(rows) > 1000 and sass_probe.count(rows, r"\bHG?MMA") >= 20
+    found = sass_probe.loops(rows, labels)
+    assert len(found) == 2
+    for line in found:
+        mma, ldg = (int(re.search(rf"(\d+) {what}", line).group(1)) for what in ("MMA", "LDG"))
+        assert mma >= 10 and ldg > 0, line
