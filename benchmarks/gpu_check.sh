@@ -182,6 +182,7 @@ for s in $SECTIONS; do case $s in
   cascade-tests)  # issue 26: the cascade kernels against the plain decode kernel (tiny and production shapes), and
     # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
     run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
+  sass-probe) run sass-probe python3 benchmarks/sass_probe.py ;;  # the kernels' registers and spills, the image's ptxas
   mixed-prefill) run mixed-prefill python3 benchmarks/mixed_prefill_probe.py ;;  # issue 26: a mixed graph's prefill grid
   cascade-probe) run cascade-probe python3 benchmarks/cascade_probe.py ;;  # one layer: plain vs cascade, a sweep
   cascade-suffix) run cascade-suffix python3 benchmarks/cascade_probe.py suffix ;;  # the own-keys decode's tiles

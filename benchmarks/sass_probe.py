@@ -1,9 +1,10 @@
-"""The paged prefill kernel compiled for the H100 / H200 (sm_90a) on this machine's CPU, no GPU needed: Triton's
-front end, LLVM, and the ptxas and nvdisasm its wheel bundles. For each variant (one program a query tile, or its
-keys shared among 4 programs) it prints ptxas's registers and spill bytes, the SASS's instruction count and its
-loops (backward branches), each with its instructions, MMAs, local-memory loads and stores (LDL / STL: spills)
-and global loads. It shows what a change does to the code before a device call times it; what the code costs on
-the GPU it does not say.
+"""The attention kernels compiled for the H100 / H200 (sm_90a) on this machine's CPU, no GPU needed: Triton's
+front end, LLVM, and the ptxas and nvdisasm it compiles with (the wheel's; the device image's Triton may carry
+another ptxas: compare like with like, or run this there too). For each case (CASES: the prefill and decode
+kernels' variants) it prints ptxas's registers and spill bytes, the SASS's instruction count and its loops
+(backward branches), each with its instructions, MMAs, local-memory loads and stores (LDL / STL: spills) and
+global loads. It shows what a change does to the code before a device call times it; what the code costs on the
+GPU it does not say.
 
     python benchmarks/sass_probe.py
 """
@@ -16,18 +17,32 @@ import subprocess
 import tempfile
 
 import triton
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from heron.kernels import paged_prefill
+from heron.kernels import paged_decode, paged_prefill
 
 TARGET = GPUTarget("cuda", 90, 32)
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-# Qwen3-0.6B's heads (GQA 2), D 128, bf16, 16-token blocks, the default tiles (paged_prefill.default_prefill_config)
-PREFILL = dict(G=2, G_PAD=2, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=128, BLOCK_N=32, SKIP_DECODE=True, UPCAST=False)
-PREFILL |= dict(PRECISION="tf32", WINDOW=0, SOFT_CAP=0.0, FP8=False, MIN_TILES=16, PDL=True)
-POINTERS = dict(bt_ptr="*i32", seq_lens_ptr="*i32", qsl_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+PTXAS, NVDISASM = knobs.nvidia.ptxas, knobs.nvidia.nvdisasm  # the ones Triton compiles with
+POINTERS = dict(bt_ptr="*i32", seq_lens_ptr="*i32", qsl_ptr="*i32", order_ptr="*i32", kv_start_ptr="*i32")
 POINTERS |= dict(count_ptr="*i32", q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", out_ptr="*bf16")
+POINTERS |= {f"{n}_ptr": "*fp32" for n in ("part_o", "part_lse", "part_m", "part_l", "prefix_o", "prefix_lse")}
+# Qwen3-0.6B's heads (GQA 2), D 128, bf16, 16-token blocks, each kernel's default tiles and launch options
+HEADS = dict(G=2, HEAD_DIM=128, BLOCK_SIZE=16, UPCAST=False, PRECISION="tf32", WINDOW=0, SOFT_CAP=0.0, FP8=False)
+PREFILL = HEADS | dict(G_PAD=2, BLOCK_M=128, BLOCK_N=32, SKIP_DECODE=True, MIN_TILES=16, PDL=True)
+DECODE = HEADS | dict(NUM_HEADS=16, NUM_KV_HEADS=8, G_PAD=16, USE_QSL=False, HAS_ORDER=True, HEADS_FIRST=True)
+DECODE |= dict(LO_MASK=False, PREFIX_PARTS=0, PDL=True, BLOCK_N=128, NUM_PARTS=2, PARTS_PAD=2)
+# (what, kernel, constexprs, launch options): the prefill with one program a query tile and with its keys
+# shared among 4; the decode of a full batch (2 partitions, 128-key tiles), with the 64-key tiles of smaller
+# batches, and held to 255 registers
+CASES = [
+    ("prefill, 1 share a tile", paged_prefill._paged_prefill_kernel, PREFILL | dict(SPLITS=1), dict(maxnreg=128)),
+    ("prefill, 4 shares a tile", paged_prefill._paged_prefill_kernel, PREFILL | dict(SPLITS=4), dict(maxnreg=128)),
+    ("decode, batch 256", paged_decode._paged_decode_kernel, DECODE, dict(num_warps=4)),
+    ("decode, 64-key tiles", paged_decode._paged_decode_kernel, DECODE | dict(BLOCK_N=64), dict(num_warps=4)),
+    ("decode, batch 256, maxnreg 255", paged_decode._paged_decode_kernel, DECODE, dict(num_warps=4, maxnreg=255)),
+]
 
 
 def compile_sm90(fn: triton.JITFunction, constexprs: dict, floats: set[str], **options) -> dict[str, str]:
@@ -45,7 +60,7 @@ def ptxas_usage(ptx: str) -> str:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        cmd = [os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.o")]
+        cmd = [PTXAS.path, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.o")]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     return "; ".join(line.split(":", 1)[-1].strip() for line in out.splitlines() if "spill" in line or "Used" in line)
 
@@ -56,7 +71,7 @@ def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        text = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", path], capture_output=True, text=True).stdout
+        text = subprocess.run([NVDISASM.path, "-c", path], capture_output=True, text=True).stdout
     rows, labels, pending = [], {}, []
     for line in text.splitlines():
         if m := re.match(r"^\s*(\.L_x_\d+):", line):
@@ -89,19 +104,12 @@ def loops(rows: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
 
 
 def main() -> None:
-    for splits in (1, 4):
-        asm = compile_sm90(
-            paged_prefill._paged_prefill_kernel,
-            PREFILL | dict(SPLITS=splits),
-            {"qk_scale", "v_scale"},
-            num_warps=8,
-            num_stages=3,
-            maxnreg=128,
-        )
+    print(f"ptxas {PTXAS.version} ({PTXAS.path})")
+    for what, kernel, constexprs, options in CASES:
+        asm = compile_sm90(kernel, constexprs, {"qk_scale", "v_scale"}, **{"num_warps": 8, "num_stages": 3} | options)
         rows, labels = sass(asm["cubin"])
-        print(f"paged prefill, {splits} share(s) a tile: {ptxas_usage(asm['ptx'])}")
         spills = count(rows, r"\b(LDL|STL)\b")
-        print(f"  {len(rows)} SASS instructions, {spills} of them LDL / STL")
+        print(f"{what}: {ptxas_usage(asm['ptx'])}\n  {len(rows)} SASS instructions, {spills} of them LDL / STL")
         for line in loops(rows, labels):
             print("  " + line)
 

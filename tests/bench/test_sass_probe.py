@@ -1,4 +1,4 @@
-"""benchmarks/sass_probe.py: the prefill kernel compiled for sm_90a on the CPU, its registers, spills and loops read."""
+"""benchmarks/sass_probe.py: a kernel compiled for sm_90a on the CPU, its registers, spills and loops read."""
 
 from __future__ import annotations
 
@@ -16,14 +16,9 @@ import sass_probe  # noqa: E402
 def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
     """One program a tile: ptxas holds it to the 128 registers the launch asks for, and the SASS has the two key
     loops (the unmasked tiles', the diagonal's), each with the two matrix products' MMAs and the K/V loads."""
-    asm = sass_probe.compile_sm90(
-        sass_probe.paged_prefill._paged_prefill_kernel,
-        sass_probe.PREFILL | dict(SPLITS=1),
-        {"qk_scale", "v_scale"},
-        num_warps=8,
-        num_stages=3,
-        maxnreg=128,
-    )
+    what, kernel, constexprs, options = sass_probe.CASES[0]
+    assert what == "prefill, 1 share a tile"
+    asm = sass_probe.compile_sm90(kernel, constexprs, {"qk_scale", "v_scale"}, num_warps=8, num_stages=3, **options)
     assert "Used 128 registers" in sass_probe.ptxas_usage(asm["ptx"])
     rows, labels = sass_probe.sass(asm["cubin"])
     assert len(rows) > 1000 and sass_probe.count(rows, r"\bHG?MMA") >= 20
