@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import sass_probe  # noqa: E402
+SPEC = importlib.util.spec_from_file_location("sass_probe", Path(__file__).parents[2] / "benchmarks" / "sass_probe.py")
+sass_probe = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(sass_probe)
 
 
 def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
@@ -25,5 +26,5 @@ def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
     found = sass_probe.loops(rows, labels)
     assert len(found) == 2
     for line in found:
-        mma, ldg = (int(re.search(rf"(\d+) {what}", line).group(1)) for what in ("MMA", "LDG"))
+        mma, ldg = (int(re.search(rf"(\d+) {name}", line).group(1)) for name in ("MMA", "LDG"))
         assert mma >= 10 and ldg > 0, line
