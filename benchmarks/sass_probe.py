@@ -6,7 +6,10 @@ kernels' variants) it prints ptxas's registers and spill bytes, the SASS's instr
 global loads. It shows what a change does to the code before a device call times it; what the code costs on the
 GPU it does not say.
 
-    python benchmarks/sass_probe.py
+    python benchmarks/sass_probe.py ["prefill, 1" ...]   (cases whose names start so; default all)
+
+Not under TRITON_INTERPRET=1 (the kernels would be the interpreter's), nor inside a process that then runs
+kernels in the interpreter (compiling leaves Triton's language patched for the compiler).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -103,9 +107,12 @@ def loops(rows: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
     return out
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
+    """Every case, or those whose names start with one of `only`."""
     print(f"ptxas {PTXAS.version} ({PTXAS.path})")
     for what, kernel, constexprs, options in CASES:
+        if only and not any(what.startswith(prefix) for prefix in only):
+            continue
         asm = compile_sm90(kernel, constexprs, {"qk_scale", "v_scale"}, **{"num_warps": 8, "num_stages": 3} | options)
         rows, labels = sass(asm["cubin"])
         spills = count(rows, r"\b(LDL|STL)\b")
@@ -115,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
