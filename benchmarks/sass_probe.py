@@ -8,9 +8,7 @@ GPU it does not say.
 
     python benchmarks/sass_probe.py ["prefill, 1" ...]   (cases whose names start so; default all)
 
-Not under TRITON_INTERPRET=1 (the kernels would be the interpreter's), nor inside a process that then runs
-kernels in the interpreter: after a compile there, the interpreter's kernels failed ("Cannot call @triton.jit'd
-outside of the scope of a kernel"; the test runs it in a process of its own).
+Not under TRITON_INTERPRET=1: the kernels would be the interpreter's (its test runs it in a process of its own).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """benchmarks/sass_probe.py: a kernel compiled for sm_90a on the CPU, its registers, spills and loops read. In a
-process of its own: the suite's kernel tests run in the interpreter, which a real compile in their process breaks."""
+process of its own, and without importing Triton here: the suite's kernel tests run in Triton's interpreter, and
+Triton imported before tests/kernels/conftest.py sets TRITON_INTERPRET leaves its own library functions compiled
+ones, which the interpreter cannot call."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -11,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
 REPO = Path(__file__).parents[2]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
 
 def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
