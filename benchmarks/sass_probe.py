@@ -1,10 +1,10 @@
 """The attention kernels compiled for the H100 / H200 (sm_90a) on this machine's CPU, no GPU needed: Triton's
-front end, LLVM, and the ptxas and nvdisasm it compiles with (the wheel's; the device image's Triton may carry
-another ptxas: compare like with like, or run this there too). For each case (CASES: the prefill and decode
-kernels' variants) it prints ptxas's registers and spill bytes, the SASS's instruction count and its loops
-(backward branches), each with its instructions, MMAs, local-memory loads and stores (LDL / STL: spills) and
-global loads. It shows what a change does to the code before a device call times it; what the code costs on the
-GPU it does not say.
+front end, LLVM, and the ptxas, cuobjdump and nvdisasm it carries (the wheel's; the device image's Triton may
+carry another ptxas: compare like with like, or run this there too). For each case (CASES: the prefill and
+decode kernels' variants) it prints the cubin's registers, stack (spills live there) and static shared memory,
+the SASS's instruction count and its loops (backward branches), each with its instructions, MMAs, local-memory
+loads and stores (LDL / STL: spills) and global loads. It shows what a change does to the code before a device
+call times it; what the code costs on the GPU it does not say.
 
     python benchmarks/sass_probe.py ["prefill, 1" ...]   (cases whose names start so; default all)
 
@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 from heron.kernels import paged_decode, paged_prefill
 
 TARGET = GPUTarget("cuda", 90, 32)
-PTXAS, NVDISASM = knobs.nvidia.ptxas, knobs.nvidia.nvdisasm  # the ones Triton compiles with
+PTXAS, NVDISASM, CUOBJDUMP = knobs.nvidia.ptxas, knobs.nvidia.nvdisasm, knobs.nvidia.cuobjdump  # Triton's own
 POINTERS = dict(bt_ptr="*i32", seq_lens_ptr="*i32", qsl_ptr="*i32", order_ptr="*i32", kv_start_ptr="*i32")
 POINTERS |= dict(count_ptr="*i32", q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", out_ptr="*bf16")
 POINTERS |= {f"{n}_ptr": "*fp32" for n in ("part_o", "part_lse", "part_m", "part_l", "prefix_o", "prefix_lse")}
@@ -57,26 +57,25 @@ def compile_sm90(fn: triton.JITFunction, constexprs: dict, floats: set[str], **o
     return triton.compile(src, target=TARGET, options=options).asm
 
 
-def ptxas_usage(ptx: str) -> str:
-    """ptxas -v's registers and spill line for `ptx`."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        cmd = [PTXAS.path, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.o")]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    return "; ".join(line.split(":", 1)[-1].strip() for line in out.splitlines() if "spill" in line or "Used" in line)
-
-
-def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
-    """The cubin's SASS: (address, instruction) rows and each label's address."""
+def _tool_output(tool: knobs.NvidiaTool, cubin: bytes, *args: str) -> str:
+    """What one of Triton's CUDA tools prints for the cubin Triton built (not a second build of its PTX)."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        text = subprocess.run([NVDISASM.path, "-c", path], capture_output=True, text=True).stdout
+        return subprocess.run([tool.path, *args, path], capture_output=True, text=True, check=True).stdout
+
+
+def usage(cubin: bytes) -> str:
+    """The kernel's registers, stack (spills live there) and static shared memory, as its cubin records them."""
+    found = dict(re.findall(r"\b(REG|STACK|SHARED):(\d+)", _tool_output(CUOBJDUMP, cubin, "--dump-resource-usage")))
+    return f"Used {found['REG']} registers, {found['STACK']} bytes of stack, {found['SHARED']} bytes of static shared"
+
+
+def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """The cubin's SASS: (address, instruction) rows and each label's address."""
     rows, labels, pending = [], {}, []
-    for line in text.splitlines():
+    for line in _tool_output(NVDISASM, cubin, "-c").splitlines():
         if m := re.match(r"^\s*(\.L_x_\d+):", line):
             pending.append(m.group(1))
         elif m := re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)", line):
@@ -88,6 +87,7 @@ def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
 
 
 def count(rows: list[tuple[int, str]], opcode: str) -> int:
+    """How many of the rows' instructions match the `opcode` pattern."""
     return sum(bool(re.search(opcode, text)) for _, text in rows)
 
 
@@ -115,7 +115,7 @@ def main(only: list[str]) -> None:
         asm = compile_sm90(kernel, constexprs, {"qk_scale", "v_scale"}, **{"num_warps": 8, "num_stages": 3} | options)
         rows, labels = sass(asm["cubin"])
         spills = count(rows, r"\b(LDL|STL)\b")
-        print(f"{what}: {ptxas_usage(asm['ptx'])}\n  {len(rows)} SASS instructions, {spills} of them LDL / STL")
+        print(f"{what}: {usage(asm['cubin'])}\n  {len(rows)} SASS instructions, {spills} of them LDL / STL")
         for line in loops(rows, labels):
             print("  " + line)
 
