@@ -50,8 +50,14 @@ from heron.kernels.common import dot_upcast, num_sms
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 # Tiles and launch options, the door to them (`benchmarks/lora_probe.py` sweeps them at Qwen3-8B's shapes): the
-# shrink's token, rank and `in` tiles, the expand's token and output-column tiles.
-SHRINK = dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=128, num_warps=4, num_stages=3)
+# shrink's token, rank and `in` tiles for steps of up to TILE_ROWS tokens (the GEMV's decode sizes: narrower `in`
+# tiles on 2 warps, so more split-K programs; batch 1 1.5% faster, H100, session 25) and for larger ones
+# (`shrink_tiles` picks), the expand's token and output-column tiles.
+TILE_ROWS = 16
+SHRINK = (
+    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=64, num_warps=2, num_stages=3),
+    dict(BLOCK_M=16, BLOCK_R=16, BLOCK_K=128, num_warps=4, num_stages=3),
+)
 EXPAND = dict(BLOCK_M=16, BLOCK_R=16, BLOCK_N=128, num_warps=4, num_stages=3)
 MAX_PARTS = 3  # q/k/v
 # the shrink's prologue: what x is and how the matrix's input is made from it
@@ -250,9 +256,17 @@ def lora_row_delta(
     return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
 
 
-def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device, cfg: dict = SHRINK) -> int:
+def shrink_tiles(tokens: int, config: dict | None = None) -> dict:
+    """SHRINK's entry for a step of `tokens`, with `config`'s overrides (the probe's)."""
+    cfg = SHRINK[tokens > TILE_ROWS]
+    return cfg if config is None else {**cfg, **config}
+
+
+def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.device, cfg: dict | None = None) -> int:
     """How many ranges of `in` the shrink splits into: enough for its grid to cover the GPU's SMs twice, at
-    most one BLOCK_K tile each. A function of shapes only, so a CUDA graph's step always takes the same."""
+    most one BLOCK_K tile each (`cfg`: the tiles, `shrink_tiles`' for `tokens` if None). A function of shapes
+    only, so a CUDA graph's step always takes the same."""
+    cfg = shrink_tiles(tokens) if cfg is None else cfg
     programs = triton.cdiv(tokens, cfg["BLOCK_M"]) * triton.cdiv(rank_rows, cfg["BLOCK_R"])
     return max(1, min(triton.cdiv(in_size, cfg["BLOCK_K"]), triton.cdiv(2 * num_sms(device), programs)))
 
@@ -342,7 +356,7 @@ def lora_shrink(
     assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
     n = lora_b.shape[2]
     offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
-    cfg = SHRINK if config is None else {**SHRINK, **config}  # (no merge on the engine's path)
+    cfg = shrink_tiles(t, config)
     if splits is None:
         splits = shrink_splits(t, r2, k, x.device, cfg)
     k_split = triton.cdiv(triton.cdiv(k, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]

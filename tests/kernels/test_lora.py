@@ -115,7 +115,7 @@ def test_the_shrink_makes_its_input_as_the_references_do(
 def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
     cpu = torch.device("cpu")  # counted as 4 SMs
     assert shrink_splits(1, 16, 12288, cpu) == 8  # batch 1: one program before the split
-    assert shrink_splits(1, 16, 256, cpu) == 2  # never a range shorter than one tile
+    assert shrink_splits(1, 16, 128, cpu) == 2  # never a range shorter than one tile
     assert shrink_splits(8192, 48, 4096, cpu) == 1  # a prefill step's grid is large enough
 
 
