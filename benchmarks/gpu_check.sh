@@ -152,6 +152,7 @@ for s in $SECTIONS; do case $s in
         --section InstructionStats python3 benchmarks/ncu_gemv.py ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
+  lora-act) run lora-act python3 benchmarks/lora_probe.py act ;;  # issue 25: gate/up's expand inside the activation
   lora-probe) run lora-probe python3 benchmarks/lora_probe.py ;;  # issue 25: the shrink's and expand's tiles, swept
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \

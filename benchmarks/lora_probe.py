@@ -6,7 +6,8 @@ case, where the GEMV's epilogue does the expand; 4.3 us a call on an H100). Per 
 over the projections (the door's configuration is one for all of them), and each result against the default
 configuration's.
 
-    python benchmarks/lora_probe.py
+    python benchmarks/lora_probe.py        (the sweeps)
+    python benchmarks/lora_probe.py act    (gate/up's expand inside the activation against apart)
 """
 
 from __future__ import annotations
@@ -125,5 +126,25 @@ def main() -> None:
             print(f"  {layer:7.1f} us a layer ({total / layer:.2f}x default): {cfg} ({per}; max rel diff {err:.1e})")
 
 
+def fused_act() -> None:
+    """gate/up's delta past 16 rows: the expand into y then the activation kernel, against the two in one kernel
+    (`LoRADelta.act_and_mul`), at 256 and 8,192 tokens (us a layer)."""
+    from heron.kernels.activation import silu_and_mul
+
+    dev = torch.device("cuda")
+    for tokens in (256, 8192):
+        p = projection("gate_up", tokens, dev)
+        d = lora_shrink(p["x"], *p["weights"])
+        y = p["y"]
+        apart = do_bench_cudagraph(lambda: silu_and_mul(d.add_to_(y)), rep=50) * 1e3  # noqa: B023
+        fused = do_bench_cudagraph(lambda: d.act_and_mul(y, False), rep=50) * 1e3  # noqa: B023
+        y.zero_()
+        err = (d.act_and_mul(y, False).float() - silu_and_mul(d.add_to_(y.clone())).float()).abs().max().item()
+        print(f"gate/up at {tokens} tokens: expand + activation {apart:.1f} us, in one kernel {fused:.1f} us "
+              f"({apart / fused:.2f}x), max abs diff {err:.1e}")  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    {"act": fused_act}.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -30,6 +30,10 @@ class LoRAManager:
         # copy may still be queued while the next one is filled
         size = 2 * max_tokens + config.max_loras + 1
         self._device = torch.full((size,), -1, dtype=torch.long, device=device)
+        # before any step's prepare (the start-up's profiling and compile steps): every row the base model's, as
+        # prepare would list them; the kernel that applies gate/up's delta inside the activation reads every row
+        base = group_by_slot(np.full(max_tokens, -1), config.max_loras)
+        self._device[max_tokens:].copy_(torch.from_numpy(np.concatenate(base)))
         self._host = [torch.full((size,), -1, dtype=torch.long, pin_memory=self.gathered) for _ in range(2)]
         self._max_tokens = max_tokens
         d = self._device
@@ -88,16 +92,17 @@ class LoRAManager:
         self.token_slots[:num_rows].copy_(host[:num_rows], non_blocking=True)
         if self.gathered:
             mt = self._max_tokens
-            order, h[2 * mt :] = group_by_slot(slots, self.config.max_loras)
-            h[mt : mt + len(order)] = order
-            self.mapping.sorted_tokens[: len(order)].copy_(host[mt : mt + len(order)], non_blocking=True)
+            h[mt : mt + num_rows], h[2 * mt :] = group_by_slot(slots, self.config.max_loras)
+            self.mapping.sorted_tokens[:num_rows].copy_(host[mt : mt + num_rows], non_blocking=True)
             self.mapping.slot_start.copy_(host[2 * mt :], non_blocking=True)
 
 
 def group_by_slot(token_slots: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows with a slot (>= 0) grouped by slot, in order within each, and each slot's start in that list
-    ([num_slots + 1]): the gathered kernel's `sorted_tokens` and `slot_start`."""
-    order = np.argsort(token_slots, kind="stable")[np.count_nonzero(token_slots < 0) :]  # -1 sorts first
+    """Every row, those with a slot (>= 0) first, grouped by slot, in order within each, then the base model's
+    (-1), and each slot's start in that list ([num_slots + 1]; the last is where the base model's rows begin):
+    the gathered kernels' `sorted_tokens` and `slot_start`. (Only the kernel that also applies a gated MLP's
+    activation reads the base model's rows: it writes every row.)"""
+    order = np.argsort(np.where(token_slots < 0, num_slots, token_slots), kind="stable")
     starts = np.zeros(num_slots + 1, dtype=np.int64)
-    np.cumsum(np.bincount(token_slots[order], minlength=num_slots), out=starts[1:])
+    np.cumsum(np.bincount(token_slots[token_slots >= 0], minlength=num_slots), out=starts[1:])
     return order, starts

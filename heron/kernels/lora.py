@@ -23,6 +23,11 @@ slot s's run.
   belong to, added to y (rounded once) in place. After a norm prologue the shrunk values are first scaled by
   1 / rms(h) from the splits' sums of squares.
 
+- expand inside the activation (`LoRADelta.act_and_mul`, a gated MLP's gate/up past 16 rows), program (m, i):
+  rows [m * BLOCK_M, +BLOCK_M) of every row (`sorted_tokens` lists the base model's rows after the adapted ones),
+  gate's and up's columns [i * BLOCK_N, +BLOCK_N) of y, each plus its part's delta (as the expand, rounded once),
+  then act(gate) * up stored: y is read once and the activation alone written.
+
 Split-K because the shrink has few programs at decode sizes: (T / 16) x (P*R / 16), 16 for a down_proj of a
 256-row step, 1 at batch 1, each walking all of `in` (12,288 columns for Qwen3-8B's down_proj) one dependent
 tile after another. `shrink_splits` cuts `in` until the grid covers the GPU twice; a prefill step's grid
@@ -35,6 +40,9 @@ for every token (the dense product over all slots, `lora_ref`, which the CPU run
 rows (a batch's base-model tokens) return at once. It depends only on shapes, and the runs are read on the
 device: no host sync, CUDA-graph safe (a graph's padding rows have slot -1 and are in no run). Each row is in
 one tile, so no two programs write one element of y.
+
+Length: the shrink, the expand and the expand inside the activation read one layout (the shrink's partials, the
+rows by slot, B by parts) through `LoRADelta`; apart, that layout would be spread over three files.
 """
 
 from __future__ import annotations
@@ -220,6 +228,77 @@ def _expand_add_kernel(
 
 
 @triton.jit
+def _expand_act_kernel(
+    y_ptr,
+    out_ptr,
+    shrunk_ptr,
+    b_ptr,
+    slots_ptr,
+    sorted_ptr,
+    start_ptr,
+    T,
+    INTER,
+    MAX_RANK,
+    SPLITS,
+    stride_y,
+    stride_o,
+    stride_split,
+    stride_s,
+    stride_bs,
+    stride_br,
+    NUM_SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GELU_TANH: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+):
+    m, i = tl.program_id(0), tl.program_id(1)
+    idx = m * BLOCK_M + tl.arange(0, BLOCK_M)  # every row: the adapted ones by slot, then the base model's
+    valid = idx < T
+    rows = tl.load(sorted_ptr + idx, mask=valid, other=0).to(tl.int64)
+    adapted = idx < tl.load(start_ptr + NUM_SLOTS)
+    slots = tl.load(slots_ptr + rows, mask=adapted, other=-1)
+    first, last = tl.min(tl.where(adapted, slots, NUM_SLOTS)), tl.max(slots)
+    cols = i * BLOCK_N + tl.arange(0, BLOCK_N)  # of gate; up's are INTER on
+    col_ok = cols < INTER
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for slot in range(first, last + 1):
+        mine = adapted & (slots == slot)
+        b_cols = b_ptr + slot * stride_bs + cols[None, :]
+        for r0 in range(0, MAX_RANK, BLOCK_R):  # gate's rank rows; up's are MAX_RANK on
+            ranks = r0 + tl.arange(0, BLOCK_R)
+            rank_ok = ranks < MAX_RANK
+            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + ranks[None, :]
+            s_mask = mine[:, None] & rank_ok[None, :]
+            s_gate = tl.load(s_ptrs, mask=s_mask, other=0.0)
+            s_up = tl.load(s_ptrs + MAX_RANK, mask=s_mask, other=0.0)
+            for split in range(1, SPLITS):
+                s_gate += tl.load(s_ptrs + split * stride_split, mask=s_mask, other=0.0)
+                s_up += tl.load(s_ptrs + split * stride_split + MAX_RANK, mask=s_mask, other=0.0)
+            b_ptrs = b_cols + ranks.to(tl.int64)[:, None] * stride_br
+            b_mask = rank_ok[:, None] & col_ok[None, :]
+            b_gate = tl.load(b_ptrs, mask=b_mask, other=0.0)
+            b_up = tl.load(b_ptrs + MAX_RANK * stride_br + INTER, mask=b_mask, other=0.0)
+            if UPCAST:
+                b_gate, b_up = b_gate.to(tl.float32), b_up.to(tl.float32)
+            else:
+                s_gate, s_up = s_gate.to(b_gate.dtype), s_up.to(b_up.dtype)
+            acc_gate = tl.dot(s_gate, b_gate, acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(s_up, b_up, acc_up, input_precision=PRECISION)
+    mask = valid[:, None] & col_ok[None, :]
+    y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    dtype = out_ptr.dtype.element_ty
+    gate = (tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32) + acc_gate).to(dtype)  # rounded as the expand's
+    up = (tl.load(y_ptrs + INTER, mask=mask, other=0.0).to(tl.float32) + acc_up).to(dtype)
+    out = gated_act(gate, up, dtype, GELU_TANH, FIX_BF16)
+    tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out, mask=mask)
+
+
+@triton.jit
 def lora_row_delta(
     part_ptr,
     b_ptr,
@@ -325,6 +404,44 @@ class LoRADelta:
         )
         return y
 
+    def act_and_mul(self, y: torch.Tensor, gelu_tanh: bool, config: dict | None = None) -> torch.Tensor:
+        """act(gate) * up of a gated MLP's gate/up output y [T, 2I] plus this delta (its two parts'), [T, I]: the
+        expand and the activation in one kernel, which reads y once and writes the activation only (the expand
+        alone reads and writes all of y, then the activation reads it again). Every row is written (the rows of
+        `sorted_tokens` past the adapted ones are the base model's). `config` overrides EXPAND's entries."""
+        splits, t, r2 = self.partials.shape
+        inter = y.shape[1] // 2
+        assert self.sum_sq is None and r2 == 2 * self.max_rank and self.offsets[0] == inter
+        assert y.shape == (t, 2 * inter) and y.stride(-1) == 1 and self.lora_b.shape[2] == 2 * inter
+        out = torch.empty(t, inter, dtype=y.dtype, device=y.device)
+        cfg = EXPAND if config is None else {**EXPAND, **config}
+        _expand_act_kernel[(triton.cdiv(t, cfg["BLOCK_M"]), triton.cdiv(inter, cfg["BLOCK_N"]))](
+            y,
+            out,
+            self.partials,
+            self.lora_b,
+            self.token_slots,
+            self.sorted_tokens,
+            self.slot_start,
+            t,
+            inter,
+            self.max_rank,
+            splits,
+            y.stride(0),
+            out.stride(0),
+            self.partials.stride(0),
+            self.partials.stride(1),
+            self.lora_b.stride(0),
+            self.lora_b.stride(1),
+            NUM_SLOTS=self.lora_b.shape[0],
+            GELU_TANH=gelu_tanh,
+            UPCAST=dot_upcast(),
+            PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
+            FIX_BF16=fix_bf16(),
+            **cfg,
+        )
+        return out
+
 
 def lora_shrink(
     x: torch.Tensor,
@@ -414,6 +531,25 @@ class LoRAWeights:
     slot_start: torch.Tensor
     output_sizes: list[int]
     max_rank: int
+    # a gated MLP's pair, sharing one box: gate/up `gives` its delta past 16 rows to the activation that reads its
+    # output, the down projection's door (which `takes` it), instead of expanding it into gate/up's output
+    gives: list[LoRADelta | None] | None = None
+    takes: list[LoRADelta | None] | None = None
+
+    def finish(self, y: torch.Tensor, delta: LoRADelta) -> torch.Tensor:
+        """The base projection's output y with `delta` added (the expand kernel), or, where this projection
+        `gives`, y as it is and the delta left for the activation after it."""
+        if self.gives is None:
+            return delta.add_to_(y)
+        self.gives[0] = delta
+        return y
+
+    def take(self) -> LoRADelta | None:
+        """The delta that the gate/up projection before this one left for its activation (`finish`), or None."""
+        if self.takes is None:
+            return None
+        delta, self.takes[0] = self.takes[0], None
+        return delta
 
     def shrink(
         self,

@@ -6,7 +6,8 @@ one A per part, stacked along the rank axis, and B block-diagonal: part p's rank
 output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
 the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers hand
 the adapters to the base projection's matmul door, which runs the shrink on the input its path has and adds
-the expanded delta, in the GEMV's epilogue at batch 1 (one launch per projection more than the base model);
+the expanded delta, in the GEMV's epilogue at batch 1 (one launch per projection more than the base model),
+and past 16 rows gate/up's inside the activation after it (the down projection's door);
 elsewhere it is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the
 other slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
 adapters or requests, no host sync.
@@ -56,6 +57,10 @@ class LoRAStack(DeviceOps):
         self.register_buffer("lora_a", torch.zeros(max_loras, rows, input_size), persistent=False)
         self.register_buffer("lora_b", torch.zeros(max_loras, rows, sum(output_sizes)), persistent=False)
         self.mapping = mapping  # the runner's, shared by every stack
+        # a gated MLP's gate/up stack `gives` its delta to the activation in its down stack's door, which `takes`
+        # it from the same box (heron/kernels/lora.py's LoRAWeights; set by heron/models/lora.py's add_lora)
+        self.gives: list | None = None
+        self.takes: list | None = None
         self.bind_ops()
 
     def bind_ops(self) -> None:
@@ -76,7 +81,15 @@ class LoRAStack(DeviceOps):
         """CUDA: the slots and the step's token mapping, as the matmul door and the kernels take them."""
         m = self.mapping
         return self._weights(
-            self.lora_a, self.lora_b, m.token_slots, m.sorted_tokens, m.slot_start, self.output_sizes, self.max_rank
+            self.lora_a,
+            self.lora_b,
+            m.token_slots,
+            m.sorted_tokens,
+            m.slot_start,
+            self.output_sizes,
+            self.max_rank,
+            self.gives,
+            self.takes,
         )
 
     def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor) -> None:

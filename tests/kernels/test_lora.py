@@ -112,6 +112,43 @@ def test_the_shrink_makes_its_input_as_the_references_do(
     assert torch.equal(got.cpu()[base], y[base])
 
 
+ACT_CASES = [  # (tokens' slots, in, intermediate size, max_rank, each slot's rank, splits)
+    ([0, -1, 1, 1, 2, 0, -1], 48, 40, 4, [4, 2, 3], None),
+    ([1, -1, 0, 0, 1] * 4, 700, 72, 8, [8, 5], 3),  # split-K; column tiles across gate's end
+    ([2] * 19 + [-1, 0, 1] + [-1] * 12, 64, 136, 16, [16, 5, 9], None),  # runs over two token tiles; base tiles
+    ([-1, -1, -1], 32, 24, 16, [16], None),  # no adapter in the step
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(("slots", "in_size", "inter", "max_rank", "ranks", "splits"), ACT_CASES)
+def test_the_expand_inside_the_activation_equals_the_references(
+    slots, in_size, inter, max_rank, ranks, splits, act, dtype
+):
+    """A gate/up projection's delta added inside its activation (`LoRADelta.act_and_mul`, the door's path past 16
+    rows): act(gate) * up of y plus the dense reference's delta, every row written, the base model's rows as the
+    plain activation kernel makes them."""
+    from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+
+    gen = torch.Generator().manual_seed(len(slots) + inter)
+    a, b = random_adapters(len(ranks), in_size, [inter, inter], max_rank, ranks, gen)
+    x = torch.randn(len(slots), in_size, generator=gen)
+    y = torch.randn(len(slots), 2 * inter, generator=gen) * 2
+    a, b, x, y = (t.to(dtype) for t in (a, b, x, y))
+    token_slots = torch.tensor(slots)
+    act_ref = {"silu": silu_and_mul_ref, "gelu_tanh": gelu_tanh_and_mul_ref}[act]
+    want = act_ref((y.float() + lora_ref(x.float(), a.float(), b.float(), token_slots)).to(dtype))
+    order, starts = group_by_slot(np.array(slots), len(ranks))
+    args = [t.to(DEVICE) for t in (x, a, b, token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
+    delta = lora_shrink(*args, [inter, inter], max_rank, splits)
+    got = delta.act_and_mul(y.to(DEVICE), act == "gelu_tanh").cpu()
+    assert got.shape == (len(slots), inter) and rel_err(got, want) < TOL[dtype]
+    plain = (gelu_tanh_and_mul if act == "gelu_tanh" else silu_and_mul)(y.to(DEVICE)).cpu()
+    base = token_slots < 0
+    assert torch.equal(got[base], plain[base])
+
+
 def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
     cpu = torch.device("cpu")  # counted as 4 SMs
     assert shrink_splits(1, 16, 12288, cpu) == 8  # batch 1: one program before the split
@@ -121,4 +158,4 @@ def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
 
 def test_group_by_slot():
     order, starts = group_by_slot(np.array([2, -1, 0, 2, 0, -1, 1]), 4)
-    assert order.tolist() == [2, 4, 6, 0, 3] and starts.tolist() == [0, 2, 3, 5, 5]
+    assert order.tolist() == [2, 4, 6, 0, 3, 1, 5] and starts.tolist() == [0, 2, 3, 5, 5]  # the base model's last

@@ -46,7 +46,7 @@ def linear(
         y = fp8_linear(x, weight, bias, weight_scale=weight_scale)
     else:
         y = blas_linear(x, weight, bias, plans)
-    return y if lora is None else lora.shrink(x).add_to_(y)
+    return y if lora is None else lora.finish(y, lora.shrink(x))
 
 
 def silu_mul_linear(
@@ -58,11 +58,13 @@ def silu_mul_linear(
     lora: LoRAWeights | None = None,
 ) -> torch.Tensor:
     """linear(silu(gate) * up) of a fused gate/up projection's output [..., 2I]: one GEMV kernel at decode sizes.
-    `lora`: as `linear`'s, over silu(gate) * up (made inside its shrink at decode sizes)."""
+    `lora`: as `linear`'s, over silu(gate) * up (made inside its shrink at decode sizes); and the delta the gate/up
+    projection left for this activation (`LoRAWeights.take`), added to gate/up inside it."""
     if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, weight_scale):
+        _add_gate_up_delta(gate_up, lora)
         delta = lora.shrink(gate_up, act="silu") if lora is not None else None
         return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale, lora=delta)
-    return linear(silu_and_mul(gate_up), weight, bias, plans, weight_scale, lora)
+    return linear(_act_and_mul(gate_up, lora, gelu_tanh=False), weight, bias, plans, weight_scale, lora)
 
 
 def gelu_tanh_mul_linear(
@@ -74,8 +76,25 @@ def gelu_tanh_mul_linear(
     lora: LoRAWeights | None = None,
 ) -> torch.Tensor:
     """linear(gelu_tanh(gate) * up) (GeGLU's down projection): the activation kernel, then the projection. Never
-    the GEMV's fused prologue, which computes SiLU."""
-    return linear(gelu_tanh_and_mul(gate_up), weight, bias, plans, weight_scale, lora)
+    the GEMV's fused prologue, which computes SiLU. `lora`: as `silu_mul_linear`'s."""
+    return linear(_act_and_mul(gate_up, lora, gelu_tanh=True), weight, bias, plans, weight_scale, lora)
+
+
+def _act_and_mul(gate_up: torch.Tensor, lora: LoRAWeights | None, gelu_tanh: bool) -> torch.Tensor:
+    """The activation kernel, or, where the gate/up projection left its LoRA delta for it, the kernel that adds the
+    delta to gate/up as it reads them (heron/kernels/lora.py)."""
+    delta = lora.take() if lora is not None else None
+    if delta is not None:
+        return delta.act_and_mul(gate_up.reshape(-1, gate_up.shape[-1]), gelu_tanh).view(*gate_up.shape[:-1], -1)
+    return gelu_tanh_and_mul(gate_up) if gelu_tanh else silu_and_mul(gate_up)
+
+
+def _add_gate_up_delta(gate_up: torch.Tensor, lora: LoRAWeights | None) -> None:
+    """Where the GEMV runs the activation in its prologue, a delta the gate/up projection left (it took the BLAS
+    path: both doors see the same rows, so only where the GEMV refused gate/up's operands) is added first."""
+    delta = lora.take() if lora is not None else None
+    if delta is not None:
+        delta.add_to_(gate_up.view(-1, gate_up.shape[-1]))
 
 
 def rms_norm_linear(

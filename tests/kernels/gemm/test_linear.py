@@ -42,13 +42,20 @@ def _w(x, weight, weight_scale=None):
 
 
 class _RefDelta:
-    """What the shrink's recorder returns in place of a LoRADelta: the delta itself, from the references."""
+    """What the shrink's recorder returns in place of a LoRADelta: the delta itself, from the references.
+    `calls`: the launch list `act_and_mul` (a kernel of its own) records itself in."""
+
+    calls: list[str] = []
 
     def __init__(self, delta: torch.Tensor) -> None:
         self.delta = delta
 
     def add_to_(self, y: torch.Tensor) -> torch.Tensor:
         return y.add_(self.delta)
+
+    def act_and_mul(self, y: torch.Tensor, gelu_tanh: bool) -> torch.Tensor:
+        _RefDelta.calls.append("lora_act_and_mul")
+        return _fake(ACT_REFS["gelu_tanh" if gelu_tanh else "silu"](_plain(y) + self.delta))
 
 
 def _plus(y, lora):
@@ -120,6 +127,7 @@ def launches(monkeypatch):
 
         for module in modules:
             monkeypatch.setattr(module, name, recorder)
+    monkeypatch.setattr(_RefDelta, "calls", calls)
     return calls
 
 
@@ -250,8 +258,9 @@ def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
     """With adapters on every projection, each adds one launch to the base's path, the shrink, and the matmul adds
     the delta. At decode sizes (the GEMV) the shrink makes its input as it reads the layer's (q/k/v's and
     gate/up's normed x + residual, down's silu(gate) * up): no norm or activation launch of its own; past 16 rows
-    it reads the output of the norm or activation kernel the base runs there. The logits equal the CPU path's
-    (the base projection, then the dense reference's delta of its input), and the adapters change them."""
+    it reads the output of the norm or activation kernel the base runs there, and gate/up's delta is added inside
+    the activation (no expand of its own). The logits equal the CPU path's (the base projection, then the dense
+    reference's delta of its input), and the adapters change them."""
     model, cfg = _on_fake_cuda("Qwen3ForCausalLM")
     none = _fake(torch.zeros(0, dtype=torch.long))
     slots = torch.tensor([0, 1, -1, 0] * 5)  # a prefill step's 20 rows; a decode step's 4
@@ -265,7 +274,7 @@ def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
     decode = ["lora_shrink", "gemv_rms_norm", "apply_rope_and_cache", "lora_shrink", "gemv"]
     decode += ["lora_shrink", "gemv_rms_norm", "lora_shrink", "gemv_silu_mul"]
     prefill = ["rms_norm", "blas_linear", "lora_shrink", "apply_rope_and_cache", "blas_linear", "lora_shrink"]
-    prefill += ["fused_add_rms_norm", "blas_linear", "lora_shrink", "silu_and_mul", "blas_linear", "lora_shrink"]
+    prefill += ["fused_add_rms_norm", "blas_linear", "lora_shrink", "lora_act_and_mul", "blas_linear", "lora_shrink"]
     later = ["fused_add_rms_norm" if k == "rms_norm" else k for k in prefill]
     steps = {(4, True): decode + decode, (20, False): prefill + later}
 
