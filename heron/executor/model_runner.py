@@ -256,6 +256,10 @@ class ModelRunner:
         both run collectives)."""
         self.compile_kernels()
         self.capture_cuda_graphs()
+        if self.device.type == "cuda":  # any compile from here on is a stall in a step: say so
+            from heron.kernels.common import warn_late_compiles
+
+            warn_late_compiles(logger)
 
     def compile_kernels(self) -> None:
         """Run every kernel variant a step can pick once, so that Triton compiles them at start-up and not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -21,6 +22,22 @@ def dot_upcast() -> bool:
     bfloat16 operands returns garbage (numpy has no bfloat16), and numpy's float16 matmul is slow. On a GPU
     the operands stay in the cache dtype (tensor cores)."""
     return interpreting()
+
+
+def warn_late_compiles(logger: logging.Logger) -> None:
+    """From now on, log a warning whenever Triton compiles a kernel (or loads one from its disk cache) in this
+    process. Called once the engine's start-up has run every step shape it plans (its warm-up): a kernel
+    compiled after it is a variant no start-up step reached (a new constexpr or a specialization of an integer
+    argument, such as a multiple of 16 or not), and the step that needs it stalls for the compile, ~1 s."""
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled) -> None:  # noqa: A002 (Triton's names)
+        logger.warning(
+            "Triton compiled %s after start-up, stalling this step (a variant the warm-up did not reach): %.300s",
+            fn.name,
+            key,
+        )
+
+    triton.knobs.runtime.jit_post_compile_hook = hook
 
 
 def check_cache(kv_cache: torch.Tensor) -> None:

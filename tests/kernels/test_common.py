@@ -4,10 +4,18 @@ turn) gives, eager and replayed in a CUDA graph, the same bits with it as withou
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import JitFunctionInfo
 
 from heron.kernels import common
 from heron.kernels.activation import silu_and_mul
@@ -72,3 +80,29 @@ def test_pdl_chain_matches_serial_launches(pdl_env):
         graph.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@triton.jit
+def _fresh_kernel(x_ptr, TAG: tl.constexpr):
+    tl.store(x_ptr, TAG)
+
+
+def test_a_compile_after_start_up_is_logged(caplog):
+    """After `warn_late_compiles` (the engine's start-up calls it last), a kernel Triton compiles is named in a
+    warning: on a GPU a real compile (a constexpr value no call used before); under the interpreter, which
+    compiles nothing, the hook as Triton calls it."""
+    saved = triton.knobs.runtime.jit_post_compile_hook
+    log = logging.getLogger("heron.test_late_compiles")
+    try:
+        common.warn_late_compiles(log)
+        with caplog.at_level(logging.WARNING, logger=log.name):
+            if DEVICE.type == "cuda":
+                _fresh_kernel[(1,)](torch.zeros(1, device=DEVICE), TAG=time.time_ns() % 1_000_000)
+            else:
+                info = JitFunctionInfo(sys.modules[__name__], "_fresh_kernel", _fresh_kernel)
+                triton.knobs.runtime.jit_post_compile_hook(
+                    key="key", repr="", fn=info, compile={}, is_manual_warmup=False, already_compiled=False
+                )
+        assert "Triton compiled _fresh_kernel after start-up" in caplog.text
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = saved
