@@ -368,13 +368,25 @@ def _prefill_tile(
         tl.debug_barrier()  # every thread's partials are issued before the release below
         count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
-            out = _merge_shares(
-                part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
+            _merge_shares(
+                part_o_ptr,
+                part_lse_ptr,
+                out_ptr + q_row * stride_ot + heads * stride_oh,
+                ws_rows,
+                num_heads,
+                q_row,
+                heads,
+                r_ok,
+                used,
+                HEAD_DIM,
+                SPLITS,
             )
-            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
             tl.store(count, 0)
     else:
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+
+MERGE_COLS = tl.constexpr(16)  # the merge's columns at a time
 
 
 @triton.jit
@@ -582,12 +594,24 @@ def _paged_prefill_kernel(
 
 @triton.jit
 def _merge_shares(
-    part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr
+    part_o_ptr,
+    part_lse_ptr,
+    out_rows,
+    ws_rows,
+    num_heads,
+    q_row,
+    heads,
+    r_ok,
+    used,
+    HEAD_DIM: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    """A split tile's output: its `used` shares' partial outputs weighted by exp2(lse - max lse), over the sum of
-    the weights, summed in share order (the same result whichever share arrived last). Read past L1 (.cg): the
-    other shares wrote them from other SMs."""
-    d = tl.arange(0, HEAD_DIM)
+    """Store a split tile's output at `out_rows` (each row's first element): its `used` shares' partial outputs
+    weighted by exp2(lse - max lse), over the sum of the weights, summed in share order (the same result whichever
+    share arrived last). Read past L1 (.cg): the other shares wrote them from other SMs. MERGE_COLS columns at a
+    time: the whole [rows, HEAD_DIM] float32 sum beside a share's partial outgrew the registers, and the merge
+    runs on its tile's critical path (sm_90a, `benchmarks/sass_probe.py`: the kernel with 4 shares was 23,656
+    SASS instructions, 7,443 of them spills, ~19,000 of them this merge unrolled; 7,880 and 1,084 this way)."""
     m = tl.full(q_row.shape, float("-inf"), tl.float32)
     for s in tl.static_range(SPLITS):
         ok = r_ok & (s < used)
@@ -596,19 +620,26 @@ def _merge_shares(
         )
         m = tl.maximum(m, lse)
     m = tl.where(r_ok, m, 0.0)
-    acc = tl.zeros([q_row.shape[0], HEAD_DIM], tl.float32)
     den = tl.zeros(q_row.shape, tl.float32)
     for s in tl.static_range(SPLITS):
         ok = r_ok & (s < used)
-        rows = (s * ws_rows + q_row) * num_heads + heads
-        lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        w = tl.where(ok, tl.exp2(lse - m), 0.0)
-        o = tl.load(
-            part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg"
+        lse = tl.load(
+            part_lse_ptr + (s * ws_rows + q_row) * num_heads + heads, mask=ok, other=float("-inf"), cache_modifier=".cg"
         )
-        acc += w[:, None] * o
-        den += w
-    return acc / tl.where(den > 0, den, 1.0)[:, None]
+        den += tl.where(ok, tl.exp2(lse - m), 0.0)
+    den = tl.where(den > 0, den, 1.0)
+    for d0 in range(0, HEAD_DIM, MERGE_COLS):
+        d = d0 + tl.arange(0, MERGE_COLS)
+        acc = tl.zeros([q_row.shape[0], MERGE_COLS], tl.float32)
+        for s in tl.static_range(SPLITS):
+            ok = r_ok & (s < used)
+            rows = (s * ws_rows + q_row) * num_heads + heads
+            lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(
+                part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg"
+            )
+            acc += tl.where(ok, tl.exp2(lse - m) / den, 0.0)[:, None] * o
+        tl.store(out_rows[:, None] + d[None, :], acc.to(out_rows.dtype.element_ty), mask=r_ok[:, None])
 
 
 WORK_LIST_SEQS = 256  # the sequences a work list's programs scan at a time (a constant: one compiled variant)
