@@ -233,8 +233,7 @@ def _gemv_kernel(
         sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
         writer = pid_n == 0  # these programs store h, the new residual
     x_offs += k_lo
-    if PDL:  # the weight's first tiles into L2 while the kernel before still runs; then wait for its writes
-        _prefetch_l2(w_ptr, n, N, stride_wn, k_lo, K, PF_LINES)
+    if PDL:  # (this variant: no prefetch) wait for the kernel before's writes
         gdc_wait()
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk
