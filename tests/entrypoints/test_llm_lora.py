@@ -1,7 +1,8 @@
 """Multi-LoRA offline: random PEFT adapters (B != 0) on the tiny random models and the embedded model; Heron's
 greedy output per adapter equals transformers + peft's, a batch mixing adapters and the base model (more
 adapters than slots: evictions) equals each alone, the prefix cache is per adapter, a bad adapter is a
-ValueError naming what is wrong and the engine serves on."""
+ValueError naming what is wrong and the engine serves on. Engines compared with peft run in float32, as peft does
+here (the default on the CPU; on a GPU, where the default is bfloat16, greedy ids part after a few tokens)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,15 @@ def llama(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(llama):
-    return LLM(llama[0], kv_cache_memory=16 << 20, enable_lora=True, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
+    return LLM(
+        llama[0],
+        dtype="float32",
+        kv_cache_memory=16 << 20,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        max_cpu_loras=2,
+    )
 
 
 def _tokens(outs) -> list[list[int]]:
@@ -131,7 +140,7 @@ def test_qwen3_adapter_matches_peft(tiny_model_dir, tmp_path):
     path = tiny_model_dir("qwen3")
     base, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     lora = LoRARequest("q", 1, make_adapter(base, tmp_path / "q", 0, 4, ALL, True))
-    llm = LLM(path, kv_cache_memory=16 << 20, enable_lora=True, max_lora_rank=4)
+    llm = LLM(path, dtype="float32", kv_cache_memory=16 << 20, enable_lora=True, max_lora_rank=4)
     assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora)) == peft_greedy(
         base, lora.lora_path, tok
     )
@@ -199,13 +208,16 @@ def test_embedded_model_adapter_matches_peft(tmp_path):
     from heron.models.gguf_loader import load_gguf
     from heron.models.loader import embedded_model_path
 
-    source = load_gguf(embedded_model_path())
+    try:
+        source = load_gguf(embedded_model_path())
+    except RuntimeError as e:  # (a machine without the embedded model's package: the GPU image)
+        pytest.skip(str(e))
     base = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in source.hf_config.items() if k != "architectures"}))
     base.load_state_dict(dict(source.weights()), strict=False)
     base.tie_weights()
     base.eval()
     lora = LoRARequest("smol", 1, make_adapter(base, tmp_path / "smol", 0, 8, ALL))
-    llm = LLM(kv_cache_memory=64 << 20, max_model_len=256, enable_lora=True, max_lora_rank=8)
+    llm = LLM(dtype="float32", kv_cache_memory=64 << 20, max_model_len=256, enable_lora=True, max_lora_rank=8)
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora))
     assert got == peft_greedy(base, lora.lora_path, llm.get_tokenizer())
 
@@ -239,7 +251,8 @@ def test_an_fp8_model_takes_adapters_in_its_activation_dtype(llama):
 
     path, loras, _ = llama
     fp8 = LLM(path, kv_cache_memory=16 << 20, quantization="fp8", enable_lora=True, max_loras=2, max_lora_rank=8)
-    assert all(s.lora_a.dtype == torch.float32 for s in fp8.engine.runner.lora.stacks.values())
+    runner = fp8.engine.runner
+    assert all(s.lora_a.dtype == runner.dtype != torch.float8_e4m3fn for s in runner.lora.stacks.values())
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, module in hf.named_modules():
