@@ -47,6 +47,7 @@ rows by slot, B by parts) through `LoRADelta`; apart, that layout would be sprea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -329,7 +330,8 @@ def lora_row_delta(
     r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
     sp = tl.arange(0, S_PAD)
     s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
-    s = tl.sum(tl.load(part_ptr + sp[:, None] * stride_split + r[None, :], mask=s_mask, other=0.0), axis=0)
+    s_ptrs = part_ptr + sp[:, None] * stride_split + r[None, :]
+    s = tl.sum(tl.load(s_ptrs, mask=s_mask, other=0.0, cache_modifier=".cg"), axis=0)
     b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
     b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
     return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
@@ -348,6 +350,21 @@ def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.devic
     cfg = shrink_tiles(tokens) if cfg is None else cfg
     programs = triton.cdiv(tokens, cfg["BLOCK_M"]) * triton.cdiv(rank_rows, cfg["BLOCK_R"])
     return max(1, min(triton.cdiv(in_size, cfg["BLOCK_K"]), triton.cdiv(2 * num_sms(device), programs)))
+
+
+@dataclass
+class LoRARows:
+    """One projection's adapter for a one-row GEMV (heron/kernels/gemv.py) that runs the shrink itself: the
+    adapter's A rows are extra tiles of the GEMV's grid, over the input its prologue makes, and the other tiles
+    add (their sums) B in their epilogue once those are published. Batch-1 decode then pays no launch for the
+    adapter. `shrink` runs the separate shrink instead, for a GEMV that cannot take the rows."""
+
+    lora_a: torch.Tensor  # [S, P*R, in]
+    lora_b: torch.Tensor  # [S, P*R, out]
+    token_slots: torch.Tensor  # [1]: the row's slot, -1 for none
+    offsets: tuple[int, int]
+    max_rank: int
+    shrink: Callable[[], LoRADelta]
 
 
 @dataclass
@@ -471,8 +488,6 @@ def lora_shrink(
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and lora_a.stride(-1) == 1
     assert lora_b.stride(-1) == 1 and (act is None or norm is None) and (residual is None or norm is not None)
     assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
-    n = lora_b.shape[2]
-    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
     cfg = shrink_tiles(t, config)
     if splits is None:
         splits = shrink_splits(t, r2, k, x.device, cfg)
@@ -512,9 +527,14 @@ def lora_shrink(
         FIX_BF16=fix_bf16(),
         **cfg,
     )
-    return LoRADelta(
-        partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank
-    )
+    offsets = part_offsets(output_sizes, lora_b.shape[2])
+    return LoRADelta(partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, offsets, max_rank)
+
+
+def part_offsets(output_sizes: list[int], n: int) -> tuple[int, int]:
+    """Where parts 1 and 2 of a fused projection's n output columns start (n where there is none)."""
+    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    return offsets[0], offsets[1]
 
 
 @dataclass
@@ -550,6 +570,23 @@ class LoRAWeights:
             return None
         delta, self.takes[0] = self.takes[0], None
         return delta
+
+    def for_gemv(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        act: str | None = None,
+        norm: tuple[torch.Tensor, float] | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> LoRARows | LoRADelta:
+        """What the GEMV of `weight` over x takes: at one row and a weight of the adapters' dtype (not float8) the
+        A rows for its own grid, else the shrink's output (its arguments as `shrink`'s)."""
+        if x.numel() == x.shape[-1] and weight.dtype == self.lora_a.dtype:
+            offsets = part_offsets(self.output_sizes, self.lora_b.shape[2])
+            shrink = lambda: self.shrink(x, act=act, norm=norm, residual=residual)  # noqa: E731
+            return LoRARows(self.lora_a, self.lora_b, self.token_slots, offsets, self.max_rank, shrink)
+        return self.shrink(x, act=act, norm=norm, residual=residual)
 
     def shrink(
         self,

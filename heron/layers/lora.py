@@ -6,7 +6,8 @@ one A per part, stacked along the rank axis, and B block-diagonal: part p's rank
 output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
 the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers hand
 the adapters to the base projection's matmul door, which runs the shrink on the input its path has and adds
-the expanded delta, in the GEMV's epilogue at batch 1 (one launch per projection more than the base model),
+the expanded delta, in the GEMV's epilogue at batch 1 (which also runs the shrink in its own grid: no launch
+more than the base model),
 and past 16 rows gate/up's inside the activation after it (the down projection's door);
 elsewhere it is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the
 other slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
