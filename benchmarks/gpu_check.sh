@@ -317,11 +317,12 @@ for s in $SECTIONS; do case $s in
     [[ $W == *" offline "* ]] && run ab-lora-offline env OUT="$LOGS/ab-lora-offline" "${AB[@]}" bench throughput \
         "${M[@]}" --max-loras 8 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit ;;
   ab-latency)  # a change to the batch-1 chain (PDL, the GEMV, the MoE kernels) timed against its parent (trees as
-    # ab-attention's): batch-1 decode of each of AB_MODELS (default: issue 22's MoE, then a dense 8B), AB_ROUNDS rounds
+    # ab-attention's): batch-1 decode of each of AB_MODELS (default: issue 22's MoE, then a dense 8B), AB_ROUNDS rounds;
+    # --max-num-seqs 8: the same batch-1 graph, a quicker start (fewer graphs to capture and variants to compile)
     ab_trees
     for model in ${AB_MODELS:-qwen3-30b-a3b llama3.1-8b}; do
       run ab-latency-$model env OUT="$LOGS/ab-latency-$model" bash benchmarks/ab.sh "${TREES[@]}" "${AB_ROUNDS:-2}" \
-          bench latency --model /tmp/shapes/$model --load-format dummy --max-model-len 4096
+          bench latency --model /tmp/shapes/$model --load-format dummy --max-model-len 4096 --max-num-seqs 8
     done ;;
   serve-dp2)  # issue 27, on 2 GPUs: one server with 2 data-parallel replicas vs one with 1, on the same requests
     # (target >= 1.9x); records serve-dp1-qwen3-0.6b and serve-dp2-qwen3-0.6b (with the ratio)
