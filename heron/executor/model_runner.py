@@ -60,6 +60,10 @@ class ModelRunner:
             raise ValueError(  # Triton converts float8 e4m3 from sm_89 (Ada, Hopper) on
                 f"kv_cache_dtype {config.cache.kv_cache_dtype!r} needs a GPU of compute capability 8.9 or later."
             )
+        if device.type == "cuda":  # Triton compiles until the warm-up's end are this start-up's
+            from heron.kernels.common import compiles_expected
+
+            compiles_expected(self)
         self.model_cfg = model_cfg
         self.block_size = config.cache.block_size
         # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
@@ -259,7 +263,7 @@ class ModelRunner:
         if self.device.type == "cuda":  # any compile from here on is a stall in a step: say so
             from heron.kernels.common import warn_late_compiles
 
-            warn_late_compiles(logger)
+            warn_late_compiles(self, logger)
 
     def compile_kernels(self) -> None:
         """Run every kernel variant a step can pick once, so that Triton compiles them at start-up and not

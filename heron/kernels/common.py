@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import weakref
 
 import torch
 import triton
@@ -24,20 +25,42 @@ def dot_upcast() -> bool:
     return interpreting()
 
 
-def warn_late_compiles(logger: logging.Logger) -> None:
-    """From now on, log a warning whenever Triton compiles a kernel (or loads one from its disk cache) in this
-    process. Called once the engine's start-up has run every step shape it plans (its warm-up): a kernel
-    compiled after it is a variant no start-up step reached (a new constexpr or a specialization of an integer
-    argument, such as a multiple of 16 or not), and the step that needs it stalls for the compile, ~1 s."""
+_starting: weakref.WeakSet = weakref.WeakSet()  # runners between `compiles_expected` and `warn_late_compiles`
+_late_logger: logging.Logger | None = None
+_previous_hook = None  # the post-compile hook set before ours, called after it
 
-    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled) -> None:  # noqa: A002 (Triton's names)
-        logger.warning(
+
+def compiles_expected(runner: object) -> None:
+    """`runner` starts up: until its `warn_late_compiles` the kernels Triton compiles are its start-up's, not
+    warned of (an engine started after another in one process compiles its own variants). A runner whose
+    start-up failed drops out of the set when it is collected."""
+    _starting.add(runner)
+
+
+def warn_late_compiles(runner: object, logger: logging.Logger) -> None:
+    """`runner`'s start-up has run every step shape it plans (its warm-up). From now on, while no other runner
+    of this process starts up, log a warning whenever Triton compiles a kernel (or loads one from its disk
+    cache): a variant no start-up step reached (a new constexpr or a specialization of an integer argument,
+    such as a multiple of 16, or 1), and the step that needs it stalls for the compile, ~1 s. A hook set before
+    (the user's) is still called."""
+    global _late_logger, _previous_hook
+    _starting.discard(runner)
+    _late_logger = logger
+    if triton.knobs.runtime.jit_post_compile_hook is not _late_compile_hook:
+        _previous_hook = triton.knobs.runtime.jit_post_compile_hook
+        triton.knobs.runtime.jit_post_compile_hook = _late_compile_hook
+
+
+def _late_compile_hook(**kwargs) -> None:
+    """Triton's post-compile hook (its keyword arguments: key, repr, fn, compile, is_manual_warmup, ...)."""
+    if not _starting and _late_logger is not None:
+        _late_logger.warning(
             "Triton compiled %s after start-up, stalling this step (a variant the warm-up did not reach): %.300s",
-            fn.name,
-            key,
+            kwargs["fn"].name,
+            kwargs["key"],
         )
-
-    triton.knobs.runtime.jit_post_compile_hook = hook
+    if _previous_hook is not None:
+        _previous_hook(**kwargs)
 
 
 def check_cache(kv_cache: torch.Tensor) -> None:

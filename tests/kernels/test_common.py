@@ -87,22 +87,42 @@ def _fresh_kernel(x_ptr, TAG: tl.constexpr):
     tl.store(x_ptr, TAG)
 
 
-def test_a_compile_after_start_up_is_logged(caplog):
-    """After `warn_late_compiles` (the engine's start-up calls it last), a kernel Triton compiles is named in a
-    warning: on a GPU a real compile (a constexpr value no call used before); under the interpreter, which
-    compiles nothing, the hook as Triton calls it."""
+class _Runner:
+    """Stands for a model runner: the start-up's owner."""
+
+
+def _compile_fresh_kernel() -> None:
+    """On a GPU a real compile (a constexpr value no call used before); under the interpreter, which compiles
+    nothing, the hook called as Triton calls it."""
+    if DEVICE.type == "cuda":
+        _fresh_kernel[(1,)](torch.zeros(1, device=DEVICE), TAG=time.time_ns() % 1_000_000)
+    else:
+        info = JitFunctionInfo(sys.modules[__name__], "_fresh_kernel", _fresh_kernel)
+        triton.knobs.runtime.jit_post_compile_hook(
+            key="key", repr="", fn=info, compile={}, is_manual_warmup=False, already_compiled=False
+        )
+
+
+def test_a_compile_after_start_up_is_logged_unless_another_start_up_runs(caplog):
+    """After a runner's `warn_late_compiles` (its start-up's last call), a kernel Triton compiles is named in a
+    warning, but not while another runner of the process starts up (between its `compiles_expected` and its
+    own `warn_late_compiles`); a hook set before (a user's) is still called for every compile."""
     saved = triton.knobs.runtime.jit_post_compile_hook
     log = logging.getLogger("heron.test_late_compiles")
+    seen = []
     try:
-        common.warn_late_compiles(log)
+        triton.knobs.runtime.jit_post_compile_hook = lambda **kwargs: seen.append(kwargs["fn"].name)
+        first, second = _Runner(), _Runner()
+        common.compiles_expected(first)
+        common.warn_late_compiles(first, log)
         with caplog.at_level(logging.WARNING, logger=log.name):
-            if DEVICE.type == "cuda":
-                _fresh_kernel[(1,)](torch.zeros(1, device=DEVICE), TAG=time.time_ns() % 1_000_000)
-            else:
-                info = JitFunctionInfo(sys.modules[__name__], "_fresh_kernel", _fresh_kernel)
-                triton.knobs.runtime.jit_post_compile_hook(
-                    key="key", repr="", fn=info, compile={}, is_manual_warmup=False, already_compiled=False
-                )
-        assert "Triton compiled _fresh_kernel after start-up" in caplog.text
+            common.compiles_expected(second)
+            _compile_fresh_kernel()
+            assert "after start-up" not in caplog.text
+            common.warn_late_compiles(second, log)
+            common.warn_late_compiles(first, log)  # again: one hook, one warning per compile
+            _compile_fresh_kernel()
+        assert caplog.text.count("Triton compiled _fresh_kernel after start-up") == 1
+        assert seen == ["_fresh_kernel"] * 2
     finally:
         triton.knobs.runtime.jit_post_compile_hook = saved
