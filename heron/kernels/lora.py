@@ -155,7 +155,7 @@ def _shrink_kernel(
         tl.store(ss_ptr + split * stride_ss + rows, sum_sq, mask=ok & (j == 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])  # 1 past ~2,000 tokens: one binary for any split count
 def _expand_add_kernel(
     y_ptr,
     shrunk_ptr,
@@ -227,7 +227,7 @@ def _expand_add_kernel(
     tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS"])  # 1 past ~2,000 tokens: one binary for any split count
 def _expand_act_kernel(
     y_ptr,
     out_ptr,
