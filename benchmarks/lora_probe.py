@@ -1,10 +1,10 @@
 """The gathered LoRA kernels at Qwen3-8B's four projections (rank 16 on every part, 8 adapters round robin), timed
 under CUDA-graph replay for each configuration of a sweep around heron/kernels/lora.py's SHRINK and EXPAND: the
-shrink and the expand at 256 tokens (the offline workload's decode step, where a profile put them at 4.9% and
-7.7% of the step) and at 8,192 (its prefill step), and the shrink at 1 token with its prologues (the latency
-case, where the GEMV's epilogue does the expand; 4.3 us a call on an H100). Per configuration, one layer's sum
-over the projections (the door's configuration is one for all of them), and each result against the default
-configuration's.
+shrink and the expand at 256 tokens (the offline workload's decode step, where a profile put them at 4.9% and 7.7%
+of the step) and at 8,192 (its prefill step), and the shrink at 1 token with its prologues (a float8 weight's
+batch-1 projection; a 16-bit weight's GEMV runs the A rows in its own grid, heron/kernels/gemv.py). Per
+configuration, one layer's sum over the projections (the door's configuration is one for all of them), and each
+result against the default configuration's.
 
     python benchmarks/lora_probe.py        (the sweeps)
     python benchmarks/lora_probe.py act    (gate/up's expand inside the activation against apart)

@@ -50,11 +50,20 @@ and each output row's float32 sums are multiplied by its scale once, after the s
 before the bias. x stays in 16 bits (W8A16); the prologues work unchanged. A compile-time switch (`W_SCALED`):
 the 16-bit kernels are the same code as without it.
 
-A LoRA delta (`lora`, heron/kernels/lora.py's `LoRADelta`: the shrink has run) is added in the epilogue of a
-one-row GEMV on the FMA path: each program reads its columns' rank rows of the row's adapter B and the shrink's
-sums (all of its split-K partials in one load) and adds their product before the single rounding; after a norm
-prologue the shrink's sums of h * weight take the same 1 / rms as the main sums. Batch-1 decode with adapters
-then pays one launch per projection (the shrink) instead of two. Other shapes run the expand kernel after.
+A LoRA delta is added in the epilogue of a one-row GEMV on the FMA path: each program reads its columns' rank
+rows of the row's adapter B and the shrink's sums and adds their product before the single rounding. The sums
+come from one of two places (`lora`, heron/kernels/lora.py):
+- `LoRARows` (a 16-bit weight): the GEMV computes them itself. The adapter's A rows [P*R, K] are the grid's
+  first tiles, run by the same main loop over the same prologue's input (so normed, or activated, as the
+  weight's rows are). Each such tile publishes its sums to the workspace and bumps a ready counter (release);
+  a weight tile's finishing program waits in its epilogue until all have (acquire), adds the delta, and bumps a
+  done counter, the last resetting both. No program waits on one dispatched after it: CUDA starts a grid's
+  programs in order of their linear index, first axis fastest, and a weight tile finishes only once its last
+  split has started, after every A tile's. Batch-1 decode with adapters pays no launch for them.
+- `LoRADelta` (float8 weights: A is not of the weight's dtype): the shrink kernel ran before; the epilogue
+  reads all of its split-K partials in one load, and after a norm prologue takes them times the same 1 / rms as
+  the main sums. One launch more per projection.
+Other shapes run the expand kernel after.
 
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
@@ -74,7 +83,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import dot_upcast, num_sms
-from heron.kernels.lora import LoRADelta, lora_row_delta
+from heron.kernels.lora import LoRADelta, LoRARows, lora_row_delta
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 MAX_M = 16
@@ -155,6 +164,8 @@ def _gemv_kernel(
     lora_slot_ptr,
     lora_part_ptr,
     lora_b_ptr,
+    lora_a_ptr,
+    lora_flag_ptr,
     M,
     N,
     K,
@@ -173,6 +184,10 @@ def _gemv_kernel(
     stride_lora_split,
     stride_lora_bs,
     stride_lora_br,
+    a_tiles,
+    lora_rows,
+    stride_lora_as,
+    stride_lora_ar,
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -192,12 +207,23 @@ def _gemv_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = pid_n  # this program's tile of W's rows
+    if LORA == 2:  # the grid's first a_tiles tiles are the adapter's A rows (negative tile numbers)
+        tile = pid_n - a_tiles
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, M_PAD)
     kk = tl.arange(0, BLOCK_K)
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
     w_ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + (k_lo + kk)[None, :]
+    if LORA == 2:
+        if tile < 0:  # the shrink: rows of the row's adapter A over the same input (none without an adapter)
+            slot = tl.load(lora_slot_ptr)
+            if slot < 0:
+                return
+            a_rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), lora_rows - 1).to(tl.int64)
+            w_ptrs = lora_a_ptr + slot.to(tl.int64) * stride_lora_as + a_rows[:, None] * stride_lora_ar
+            w_ptrs += (k_lo + kk)[None, :]
     m_row = tl.minimum(m, M - 1)
     if USE_DOT:  # x^T tiles [BLOCK_K, M_PAD]
         x_offs = m_row[None, :] * stride_xm + kk[:, None]
@@ -210,7 +236,7 @@ def _gemv_kernel(
 
     if PROLOGUE == 2:  # the sum of squares of each row of h = x + residual, over the main loop's tiles
         sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
-        writer = pid_n == 0  # these programs store h, the new residual
+        writer = tile == 0  # these programs store h, the new residual
     x_offs += k_lo
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk
@@ -274,11 +300,18 @@ def _gemv_kernel(
         for s in range(split_k):  # in split order: the same sum whichever split arrived last
             acc += tl.load(tile_part + s * (M_PAD * BLOCK_N) + part_offs, mask=m_ok, other=0.0, cache_modifier=".cg")
         tl.store(count_ptr + pid_n, 0)
+    if LORA == 2:
+        if tile < 0:  # publish these rows of the shrink's sums, then count the tile done
+            r = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            tl.store(lora_part_ptr + r, tl.sum(acc, axis=1), mask=r < lora_rows)
+            tl.debug_barrier()  # every thread's sums are issued before the release below
+            tl.atomic_add(lora_flag_ptr, 1, sem="release", scope="gpu")
+            return
     if W_SCALED:  # W = its float8 values times one scale per row, which factors out of the row's sums
         acc *= tl.load(ws_ptr + tl.minimum(n, N - 1))[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
-    if LORA:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
+    if LORA == 1:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
         delta = lora_row_delta(
             lora_part_ptr,
             lora_b_ptr,
@@ -300,6 +333,35 @@ def _gemv_kernel(
         if PROLOGUE == 2:
             delta *= tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
         acc += delta[:, None]
+    if LORA == 2:  # + the delta from the A tiles' sums (already normed as these), once all of them are published
+        if tl.load(lora_slot_ptr) >= 0:
+            ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
+            while ready < a_tiles:
+                ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+            delta = lora_row_delta(
+                lora_part_ptr,
+                lora_b_ptr,
+                lora_slot_ptr,
+                tile,
+                n,
+                N,
+                lora_off1,
+                lora_off2,
+                lora_max_rank,
+                1,
+                0,
+                stride_lora_bs,
+                stride_lora_br,
+                LORA_R_PAD,
+                1,
+                BLOCK_N,
+            )
+            acc += delta[:, None]
+            # the last W tile to read the sums leaves both counters zeroed for the next call
+            if tl.atomic_add(lora_flag_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - a_tiles - 1:
+                tl.store(lora_flag_ptr, 0)
+                tl.store(lora_flag_ptr + 1, 0)
     tl.store(
         out_ptr + m[None, :] * stride_om + n[:, None],
         round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
@@ -395,12 +457,13 @@ def gemv(
     config: GemvConfig | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRADelta | LoRARows | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] with <= 16 rows (see `use_gemv`), in x's dtype. `out`
     [..., N] (contiguous) is written instead of a new tensor; `config` overrides `pick_config`; `workspace`
     (`make_workspace`) replaces the shared split-K workspace; `weight_scale` [N, 1]: the weight is float8
-    and each row's sums are scaled by its scale; `lora`: plus its delta (in the epilogue for one row, else
+    and each row's sums are scaled by its scale; `lora`: plus its delta (for one row inside this kernel: the
+    shrink's A rows as tiles of its own (`LoRARows`) or the shrink's sums (`LoRADelta`), B in the epilogue; else
     by its expand kernel after). No host sync; the grid is fixed by the shapes."""
     return _launch(x, weight, bias, out, config, workspace, weight_scale, lora=lora)
 
@@ -412,7 +475,7 @@ def gemv_silu_mul(
     *,
     config: GemvConfig | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRADelta | LoRARows | None = None,
 ) -> torch.Tensor:
     """F.linear(silu(x[..., :K]) * x[..., K:], weight, bias): SwiGLU's activation and down projection in one
     kernel; x [..., 2K] with <= 16 rows, weight [N, K] (float8 with `weight_scale`, and `lora`, as `gemv`)."""
@@ -429,7 +492,7 @@ def gemv_rms_norm(
     *,
     config: GemvConfig | None = None,
     weight_scale: torch.Tensor | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRADelta | LoRARows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's RMSNorm (with the residual add) and the projection after it in one kernel:
     h = x + residual (x when residual is None), returns (F.linear(norm_weight * rmsnorm(h), weight, bias), h).
@@ -468,7 +531,7 @@ def _launch(
     prologue: int = 0,
     norm: tuple[torch.Tensor, float] | None = None,
     residual: tuple[torch.Tensor, torch.Tensor] | None = None,
-    lora: LoRADelta | None = None,
+    lora: LoRADelta | LoRARows | None = None,
 ) -> torch.Tensor:
     k = weight.shape[1]
     n = weight.shape[0]
@@ -489,26 +552,42 @@ def _launch(
         cfg = replace(cfg, split_k=1)
     assert cfg.dot or m == 1, "the FMA path takes one row"
     m_pad = 16 if cfg.dot else 1
-    tiles = triton.cdiv(n, cfg.block_n)
+    if isinstance(lora, LoRARows) and (cfg.dot or weight_scale is not None):
+        lora = lora.shrink()  # A rows only on the FMA path, of the weight's dtype: the shrink's kernel first
+    if isinstance(lora, LoRARows):  # LoRA mode 2: the shrink's A rows as the grid's first tiles
+        mode = 2
+    else:  # 1: the shrink's sums in the epilogue of a one-row GEMV whose input is the shrink's (normed by both,
+        # or neither); 0: none, or the expand kernel after
+        mode = int(lora is not None and not cfg.dot and (lora.sum_sq is not None) == (prologue == 2))
+    a_rows = lora.lora_a.shape[1] if mode == 2 else 0
+    a_tiles, tiles = triton.cdiv(a_rows, cfg.block_n), triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
-    part, count = x2, x2  # placeholders, unused without split-K
-    if cfg.split_k > 1:
-        need = tiles * cfg.split_k * m_pad * cfg.block_n
-        part, count = workspace or _shared_workspace(need, tiles, x.device)
-        assert part.numel() >= need and count.numel() >= tiles and part.dtype == torch.float32
+    part, count = x2, x2  # placeholders, unused without split-K or mode 2
+    need = (a_tiles + tiles) * cfg.split_k * m_pad * cfg.block_n if cfg.split_k > 1 else 0
+    if cfg.split_k > 1 or mode == 2:  # mode 2 also keeps the A rows' sums [a_rows] and two counters there
+        part, count = workspace or _shared_workspace(need + a_rows, a_tiles + tiles + 2 * (mode == 2), x.device)
+        assert part.numel() >= need + a_rows and count.numel() >= a_tiles + tiles + 2 * (mode == 2)
+        assert part.dtype == torch.float32
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
-    # the LoRA delta in the epilogue of a one-row GEMV whose input is the shrink's (normed by both, or neither)
-    fuse = lora is not None and not cfg.dot and (lora.sum_sq is not None) == (prologue == 2)
-    if fuse:
-        parts, lora_b = lora.partials, lora.lora_b
-        assert parts.shape[1] == 1 and lora_b.shape[2] == n and lora_b.dtype == x.dtype
-        lora_ptrs = (lora.token_slots, parts, lora_b)
+    lora_ptrs, lora_args, rows_args, r_pad, s_pad = (x2,) * 5, (0,) * 7, (0,) * 4, 1, 1
+    if mode:
+        lora_b = lora.lora_b
+        assert lora_b.shape[2] == n and lora_b.dtype == x.dtype and lora_b.stride(-1) == 1
+        r_pad = triton.next_power_of_2(lora_b.shape[1])
+    if mode == 1:
+        parts = lora.partials
+        assert parts.shape[1] == 1
+        lora_ptrs = (lora.token_slots, parts, lora_b, x2, x2)
         lora_args = (*lora.offsets, lora.max_rank, parts.shape[0], parts.stride(0), lora_b.stride(0), lora_b.stride(1))
-        r_pad, s_pad = triton.next_power_of_2(lora_b.shape[1]), triton.next_power_of_2(parts.shape[0])
-    else:
-        lora_ptrs, lora_args, r_pad, s_pad = (x2, x2, x2), (0,) * 7, 1, 1
-    _gemv_kernel[(tiles, cfg.split_k)](
+        s_pad = triton.next_power_of_2(parts.shape[0])
+    elif mode == 2:
+        lora_a = lora.lora_a
+        assert lora_a.dtype == weight.dtype and lora_a.shape[2] == k and lora_a.stride(-1) == 1
+        lora_ptrs = (lora.token_slots, part[need:], lora_b, lora_a, count[a_tiles + tiles :])
+        lora_args = (*lora.offsets, lora.max_rank, 1, 0, lora_b.stride(0), lora_b.stride(1))
+        rows_args = (a_tiles, a_rows, lora_a.stride(0), lora_a.stride(1))
+    _gemv_kernel[(a_tiles + tiles, cfg.split_k)](
         x2,
         weight,
         weight_scale if weight_scale is not None else x2,
@@ -532,6 +611,7 @@ def _launch(
         res_out.stride(0),
         eps,
         *lora_args,
+        *rows_args,
         M_PAD=m_pad,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -545,12 +625,12 @@ def _launch(
         FIX_BF16=fix_bf16(),
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
-        LORA=fuse,
+        LORA=mode,
         LORA_R_PAD=r_pad,
         LORA_S_PAD=s_pad,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if lora is not None and not fuse:
+    if lora is not None and not mode:
         lora.add_to_(out.view(-1, n))
     return out

@@ -18,7 +18,8 @@ slot s's run.
   down projection's), or h * weight from the residual stream h (a pre-norm block's normed input, whose
   1 / rms(h) factors out of the sums: each split also stores its rows' sums of squares of h). Either saves the
   launch that would make the input.
-- expand, program (m, i): the same rows' shrunk values (the splits' partials summed in order on load) times
+- expand, program (m, i): the same rows' shrunk values (the splits' partials summed in order on load; or, from
+  `extended_delta`, the columns of a base product by every slot's A rows, each row's slot's P*R of them) times
   their adapter's B, columns [i * BLOCK_N, +BLOCK_N), reading only the rank rows of the parts those columns
   belong to, added to y (rounded once) in place. After a norm prologue the shrunk values are first scaled by
   1 / rms(h) from the splits' sums of squares.
@@ -47,6 +48,7 @@ rows by slot, B by parts) through `LoRADelta`; apart, that layout would be sprea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -174,6 +176,7 @@ def _expand_add_kernel(
     stride_y,
     stride_split,
     stride_s,
+    stride_slot,
     stride_bs,
     stride_br,
     stride_ss,
@@ -206,7 +209,7 @@ def _expand_add_kernel(
         for r0 in range(part_lo * MAX_RANK, r_end, BLOCK_R):
             ranks = r0 + tl.arange(0, BLOCK_R)
             rank_ok = ranks < r_end
-            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + ranks[None, :]
+            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + slot * stride_slot + ranks[None, :]
             s_mask = mine[:, None] & rank_ok[None, :]
             s = tl.load(s_ptrs, mask=s_mask, other=0.0)
             for split in range(1, SPLITS):
@@ -217,7 +220,7 @@ def _expand_add_kernel(
                 b_cols + ranks.to(tl.int64)[:, None] * stride_br, mask=rank_ok[:, None] & col_ok[None, :], other=0.0
             )
             if UPCAST:
-                b = b.to(tl.float32)
+                s, b = s.to(tl.float32), b.to(tl.float32)
             else:
                 s = s.to(b.dtype)  # tensor cores take both operands in the model's dtype
             acc = tl.dot(s, b, acc, input_precision=PRECISION)
@@ -244,6 +247,7 @@ def _expand_act_kernel(
     stride_o,
     stride_split,
     stride_s,
+    stride_slot,
     stride_bs,
     stride_br,
     NUM_SLOTS: tl.constexpr,
@@ -272,7 +276,7 @@ def _expand_act_kernel(
         for r0 in range(0, MAX_RANK, BLOCK_R):  # gate's rank rows; up's are MAX_RANK on
             ranks = r0 + tl.arange(0, BLOCK_R)
             rank_ok = ranks < MAX_RANK
-            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + ranks[None, :]
+            s_ptrs = shrunk_ptr + rows[:, None] * stride_s + slot * stride_slot + ranks[None, :]
             s_mask = mine[:, None] & rank_ok[None, :]
             s_gate = tl.load(s_ptrs, mask=s_mask, other=0.0)
             s_up = tl.load(s_ptrs + MAX_RANK, mask=s_mask, other=0.0)
@@ -284,6 +288,7 @@ def _expand_act_kernel(
             b_gate = tl.load(b_ptrs, mask=b_mask, other=0.0)
             b_up = tl.load(b_ptrs + MAX_RANK * stride_br + INTER, mask=b_mask, other=0.0)
             if UPCAST:
+                s_gate, s_up = s_gate.to(tl.float32), s_up.to(tl.float32)
                 b_gate, b_up = b_gate.to(tl.float32), b_up.to(tl.float32)
             else:
                 s_gate, s_up = s_gate.to(b_gate.dtype), s_up.to(b_up.dtype)
@@ -329,7 +334,8 @@ def lora_row_delta(
     r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
     sp = tl.arange(0, S_PAD)
     s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
-    s = tl.sum(tl.load(part_ptr + sp[:, None] * stride_split + r[None, :], mask=s_mask, other=0.0), axis=0)
+    s_ptrs = part_ptr + sp[:, None] * stride_split + r[None, :]
+    s = tl.sum(tl.load(s_ptrs, mask=s_mask, other=0.0, cache_modifier=".cg"), axis=0)
     b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
     b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
     return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
@@ -351,12 +357,27 @@ def shrink_splits(tokens: int, rank_rows: int, in_size: int, device: torch.devic
 
 
 @dataclass
+class LoRARows:
+    """One projection's adapter for a one-row GEMV (heron/kernels/gemv.py) that runs the shrink itself: the
+    adapter's A rows are extra tiles of the GEMV's grid, over the input its prologue makes, and the other tiles
+    add (their sums) B in their epilogue once those are published. Batch-1 decode then pays no launch for the
+    adapter. `shrink` runs the separate shrink instead, for a GEMV that cannot take the rows."""
+
+    lora_a: torch.Tensor  # [S, P*R, in]
+    lora_b: torch.Tensor  # [S, P*R, out]
+    token_slots: torch.Tensor  # [1]: the row's slot, -1 for none
+    offsets: tuple[int, int]
+    max_rank: int
+    shrink: Callable[[], LoRADelta]
+
+
+@dataclass
 class LoRADelta:
     """One projection's shrunk LoRA products for a step (the shrink's output), waiting to be expanded and added to
     the base projection's output y: by the expand kernel (`add_to_`), or at batch 1 in the base GEMV's epilogue
     (heron/kernels/gemv.py), which reads these same tensors and saves the expand's launch."""
 
-    partials: torch.Tensor  # [splits, T, P*R] float32: the splits' sums, added in order when read
+    partials: torch.Tensor  # [splits, T, P*R] float32: the splits' sums, added in order when read (or `stride_slot`)
     sum_sq: torch.Tensor | None  # [splits, T]: a norm prologue's sums of squares of h (1 / rms is applied after)
     eps: float
     in_size: int
@@ -366,6 +387,9 @@ class LoRADelta:
     slot_start: torch.Tensor
     offsets: tuple[int, int]  # where parts 1 and 2 of the output start (N where there is none)
     max_rank: int
+    # a row's sums start slot * stride_slot into its row of `partials`: 0 for the shrink's [splits, T, P*R], P*R
+    # for the base GEMM's columns of every slot's A rows (`LoRAWeights.extended`: one split, [1, T, S*P*R])
+    stride_slot: int = 0
 
     def add_to_(self, y: torch.Tensor, config: dict | None = None) -> torch.Tensor:
         """y [T, out] += each adapted token's expanded delta, in place (the expand kernel); returns y. `config`
@@ -393,6 +417,7 @@ class LoRADelta:
             y.stride(0),
             self.partials.stride(0),
             self.partials.stride(1),
+            self.stride_slot,
             self.lora_b.stride(0),
             self.lora_b.stride(1),
             sum_sq.stride(0),
@@ -409,9 +434,9 @@ class LoRADelta:
         expand and the activation in one kernel, which reads y once and writes the activation only (the expand
         alone reads and writes all of y, then the activation reads it again). Every row is written (the rows of
         `sorted_tokens` past the adapted ones are the base model's). `config` overrides EXPAND's entries."""
-        splits, t, r2 = self.partials.shape
+        splits, t, _ = self.partials.shape
         inter = y.shape[1] // 2
-        assert self.sum_sq is None and r2 == 2 * self.max_rank and self.offsets[0] == inter
+        assert self.sum_sq is None and self.lora_b.shape[1] == 2 * self.max_rank and self.offsets[0] == inter
         assert y.shape == (t, 2 * inter) and y.stride(-1) == 1 and self.lora_b.shape[2] == 2 * inter
         out = torch.empty(t, inter, dtype=y.dtype, device=y.device)
         cfg = EXPAND if config is None else {**EXPAND, **config}
@@ -431,6 +456,7 @@ class LoRADelta:
             out.stride(0),
             self.partials.stride(0),
             self.partials.stride(1),
+            self.stride_slot,
             self.lora_b.stride(0),
             self.lora_b.stride(1),
             NUM_SLOTS=self.lora_b.shape[0],
@@ -471,8 +497,6 @@ def lora_shrink(
     assert len(output_sizes) <= MAX_PARTS and x.stride(-1) == 1 and lora_a.stride(-1) == 1
     assert lora_b.stride(-1) == 1 and (act is None or norm is None) and (residual is None or norm is not None)
     assert x.shape[-1] == (2 * k if act else k), f"x has {x.shape[-1]} columns for an input of {k}"
-    n = lora_b.shape[2]
-    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
     cfg = shrink_tiles(t, config)
     if splits is None:
         splits = shrink_splits(t, r2, k, x.device, cfg)
@@ -512,9 +536,26 @@ def lora_shrink(
         FIX_BF16=fix_bf16(),
         **cfg,
     )
+    offsets = part_offsets(output_sizes, lora_b.shape[2])
+    return LoRADelta(partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, offsets, max_rank)
+
+
+def part_offsets(output_sizes: list[int], n: int) -> tuple[int, int]:
+    """Where parts 1 and 2 of a fused projection's n output columns start (n where there is none)."""
+    offsets = [sum(output_sizes[: p + 1]) for p in range(len(output_sizes) - 1)] + [n] * MAX_PARTS
+    return offsets[0], offsets[1]
+
+
+def extended_delta(weights: LoRAWeights, y: torch.Tensor, n: int) -> LoRADelta:
+    """The delta whose sums are the columns of y [T, n + S*P*R] past n: a product by `weights.extended`, every
+    slot's A rows under the base weight, so the base's own GEMM ran every slot's shrink."""
+    sums = y[:, n:].unsqueeze(0)  # [1, T, S*P*R]: row t's slot s at s * P*R
+    a = weights.lora_a
+    offsets = part_offsets(weights.output_sizes, n)
     return LoRADelta(
-        partials, sum_sq, eps, k, lora_b, token_slots, sorted_tokens, slot_start, (offsets[0], offsets[1]), max_rank
-    )
+        sums, None, 0.0, a.shape[2], weights.lora_b, weights.token_slots, weights.sorted_tokens,
+        weights.slot_start, offsets, weights.max_rank, stride_slot=a.shape[1],
+    )  # fmt: skip
 
 
 @dataclass
@@ -535,6 +576,23 @@ class LoRAWeights:
     # output, the down projection's door (which `takes` it), instead of expanding it into gate/up's output
     gives: list[LoRADelta | None] | None = None
     takes: list[LoRADelta | None] | None = None
+    # [N + S*P*R, in]: the base weight (its first N rows) with every slot's A rows under it (heron/layers/lora.py's
+    # LoRAStack.extend), so that one GEMM of more than one row makes the base's output and every slot's shrink
+    extended: torch.Tensor | None = None
+
+    def extends(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Whether the door runs `weight`'s product over x as the extended one: more than one row (one row: the
+        GEMV's epilogue takes the shrink's sums of the row's own slot), no bias, `weight` the base's."""
+        ext = self.extended
+        return (
+            ext is not None and bias is None and x.dim() == 2 and x.shape[0] > 1 and weight.data_ptr() == ext.data_ptr()
+        )
+
+    def finish_extended(self, y: torch.Tensor) -> torch.Tensor:
+        """The base's output from the extended product y [T, N + S*P*R] (`extends`): its first N columns, with
+        the delta from the rest added (`finish`)."""
+        n = y.shape[1] - self.lora_a.shape[0] * self.lora_a.shape[1]
+        return self.finish(y[:, :n], extended_delta(self, y, n))
 
     def finish(self, y: torch.Tensor, delta: LoRADelta) -> torch.Tensor:
         """The base projection's output y with `delta` added (the expand kernel), or, where this projection
@@ -550,6 +608,23 @@ class LoRAWeights:
             return None
         delta, self.takes[0] = self.takes[0], None
         return delta
+
+    def for_gemv(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        act: str | None = None,
+        norm: tuple[torch.Tensor, float] | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> LoRARows | LoRADelta:
+        """What the GEMV of `weight` over x takes: at one row and a weight of the adapters' dtype (not float8) the
+        A rows for its own grid, else the shrink's output (its arguments as `shrink`'s)."""
+        if x.numel() == x.shape[-1] and weight.dtype == self.lora_a.dtype:
+            offsets = part_offsets(self.output_sizes, self.lora_b.shape[2])
+            shrink = lambda: self.shrink(x, act=act, norm=norm, residual=residual)  # noqa: E731
+            return LoRARows(self.lora_a, self.lora_b, self.token_slots, offsets, self.max_rank, shrink)
+        return self.shrink(x, act=act, norm=norm, residual=residual)
 
     def shrink(
         self,

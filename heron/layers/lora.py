@@ -6,8 +6,11 @@ one A per part, stacked along the rank axis, and B block-diagonal: part p's rank
 output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
 the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers hand
 the adapters to the base projection's matmul door, which runs the shrink on the input its path has and adds
-the expanded delta, in the GEMV's epilogue at batch 1 (one launch per projection more than the base model),
-and past 16 rows gate/up's inside the activation after it (the down projection's door);
+the expanded delta, in the GEMV's epilogue at batch 1 (which also runs the shrink in its own grid: no launch
+more than the base model),
+and past 16 rows gate/up's inside the activation after it (the down projection's door). Past one row, a
+16-bit projection's weight has every slot's A rows under it (`LoRAStack.extend`): the base's own product makes
+the shrink's sums, and only the expand runs;
 elsewhere it is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the
 other slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
 adapters or requests, no host sync.
@@ -61,9 +64,27 @@ class LoRAStack(DeviceOps):
         # it from the same box (heron/kernels/lora.py's LoRAWeights; set by heron/models/lora.py's add_lora)
         self.gives: list | None = None
         self.takes: list | None = None
+        self.register_buffer("extended", None, persistent=False)  # see `extend`
+        self.base: nn.Module | None = None
         self.bind_ops()
 
+    def extend(self, base: nn.Module) -> None:
+        """Keep every slot's A rows under the base projection's weight [N, in], in one [N + slots * parts * rank,
+        in] tensor whose first N rows the weight becomes (a view: the base's kernels read it as before), so
+        that one GEMM over a step of more than one row makes the base's output and every slot's shrink (the
+        matmul door, `LoRAWeights.extends`): no shrink launch, for a few % more columns. For a weight of the
+        adapters' dtype (not float8 or int4). `base` stays the owner's child: this module keeps a reference."""
+        assert base.weight.dtype == self.lora_a.dtype and base.weight.shape[1] == self.input_size
+        self.__dict__["base"] = base  # (not a submodule: its parameters keep their one name)
+        weight, n = base.weight, base.weight.shape[0]
+        extended = torch.cat([weight.data, self.lora_a.reshape(-1, self.input_size)])
+        weight.data = extended[:n]
+        self.lora_a = extended[n:].view(self.lora_a.shape)
+        self.extended = extended
+
     def bind_ops(self) -> None:
+        if self.extended is not None and not _same_storage(self.extended, self.lora_a, self.base.weight):
+            raise RuntimeError("a model with LoRA adapters was moved or cast: move it before add_lora")
         if self.lora_a.is_cuda:
             from heron.kernels.lora import LoRAWeights
 
@@ -90,6 +111,7 @@ class LoRAStack(DeviceOps):
             self.max_rank,
             self.gives,
             self.takes,
+            self.extended,
         )
 
     def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -109,6 +131,10 @@ class LoRAStack(DeviceOps):
         elif norm is not None:
             x = rms_norm_ref(x, *norm)
         return y.add_(lora_ref(x, self.lora_a, self.lora_b, self.mapping.token_slots))
+
+
+def _same_storage(*tensors: torch.Tensor) -> bool:
+    return len({t.untyped_storage().data_ptr() for t in tensors}) == 1
 
 
 class LinearWithLoRA(nn.Module):

@@ -68,6 +68,9 @@ def add_lora(model: nn.Module, max_loras: int, max_rank: int, mapping: LoRAMappi
         act = "silu" if down.swiglu else "gelu_tanh" if down.geglu else None
         if act is not None:  # gate/up's delta added inside the activation (on CUDA past 16 rows)
             stacks[i, "gate_up_proj"].gives = stacks[i, "down_proj"].takes = [None]
+        for name, proj in (("qkv_proj", qkv), ("o_proj", attn.o_proj), ("gate_up_proj", gate_up), ("down_proj", down)):
+            if proj.weight.dtype == dtype and proj.bias is None:  # every slot's A rows under the base weight
+                stacks[i, name].extend(proj)
         layer.input_layernorm = NormLinearWithLoRA(layer.input_layernorm, stacks[i, "qkv_proj"])
         layer.post_attention_layernorm = NormLinearWithLoRA(layer.post_attention_layernorm, stacks[i, "gate_up_proj"])
         attn.o_proj = LinearWithLoRA(attn.o_proj, stacks[i, "o_proj"], None)

@@ -210,22 +210,30 @@ def _mapping(slots: list[int], num_slots: int) -> list[torch.Tensor]:
     return [t.to(DEVICE) for t in (torch.tensor(slots), torch.from_numpy(order), torch.from_numpy(starts))]
 
 
-LORA_CASES = [  # (rows, config, prologue, the rows' slots, a float8 weight)
-    (1, GemvConfig(16, 64, dot=False), "none", [1], False),  # 16-column tiles across both part boundaries
-    (1, GemvConfig(16, 64, split_k=2, dot=False), "silu_mul", [0], False),  # the last split's epilogue
-    (1, GemvConfig(16, 32, dot=False), "rms_norm", [2], False),
-    (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [1], True),
-    (1, GemvConfig(16, 64, dot=False), "none", [-1], False),  # the base model's row: nothing added
-    (3, GemvConfig(32, 64, split_k=3), "rms_norm_residual", [1, -1, 0], False),  # the expand kernel after
+LORA_CASES = [  # (rows, config, prologue, the rows' slots, a float8 weight, the door's LoRAWeights.for_gemv)
+    (1, GemvConfig(16, 64, dot=False), "none", [1], False, False),  # 16-column tiles across both part boundaries
+    (1, GemvConfig(16, 64, split_k=2, dot=False), "silu_mul", [0], False, False),  # the last split's epilogue
+    (1, GemvConfig(16, 32, dot=False), "rms_norm", [2], False, False),
+    (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [1], True, False),
+    (1, GemvConfig(16, 64, dot=False), "none", [-1], False, False),  # the base model's row: nothing added
+    (3, GemvConfig(32, 64, split_k=3), "rms_norm_residual", [1, -1, 0], False, False),  # the expand kernel after
+    # the A rows in the GEMV's own grid (`LoRARows`: 12 rows, one tile or two)
+    (1, GemvConfig(16, 64, dot=False), "none", [1], False, True),
+    (1, GemvConfig(8, 64, split_k=2, dot=False), "silu_mul", [0], False, True),  # A tiles split too
+    (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [2], False, True),  # h stored by W's first tile
+    (1, GemvConfig(16, 64, dot=False), "rms_norm", [-1], False, True),  # no adapter: the A tiles return at once
+    (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [1], True, True),  # float8: the shrink kernel first
+    (1, GemvConfig(16, 64), "none", [1], False, True),  # a forced tensor-core config: the shrink kernel first
 ]
 
 
-@pytest.mark.parametrize("m,cfg,prologue,slots,fp8", LORA_CASES)
-def test_lora_delta_in_the_epilogue(m, cfg, prologue, slots, fp8, monkeypatch):
+@pytest.mark.parametrize("m,cfg,prologue,slots,fp8,door", LORA_CASES)
+def test_lora_delta_in_the_epilogue(m, cfg, prologue, slots, fp8, door, monkeypatch):
     """A projection plus its LoRA delta (heron/kernels/lora.py's shrink, over the same prologue's input) equals
     F.linear plus the dense reference's delta; one row on the FMA path adds it in the GEMV's epilogue (the
-    expand kernel never runs), more rows run the expand after."""
-    from heron.kernels.lora import LoRADelta, lora_shrink
+    expand kernel never runs), more rows run the expand after. Through the door (`for_gemv`), a one-row GEMV of
+    a 16-bit weight computes the shrink itself: the shrink kernel never runs either."""
+    from heron.kernels.lora import LoRADelta, LoRAWeights, lora_shrink
     from heron.kernels.reference import lora_ref
 
     gen = torch.Generator().manual_seed(m + len(prologue))
@@ -252,18 +260,29 @@ def test_lora_delta_in_the_epilogue(m, cfg, prologue, slots, fp8, monkeypatch):
         u = rms_norm_ref(x, norm_w, 1e-6, res)[0] if res is not None else rms_norm_ref(x, norm_w, 1e-6)
     else:
         u = x
-    delta = lora_shrink(x, a, lb, *mapping, sizes, rank, 2, **shrink)
-    if m == 1:
+    if door:
+        delta = LoRAWeights(a, lb, *mapping, sizes, rank).for_gemv(x, wq, **shrink)
+        if not fp8 and not cfg.dot:
+            monkeypatch.setattr(LoRAWeights, "shrink", lambda *_, **__: pytest.fail("the shrink kernel ran"))
+    else:
+        delta = lora_shrink(x, a, lb, *mapping, sizes, rank, 2, **shrink)
+    if m == 1 and not cfg.dot:
         monkeypatch.setattr(LoRADelta, "add_to_", lambda *_: pytest.fail("the expand kernel ran at one row"))
     if prologue == "silu_mul":
         got = gemv_silu_mul(x, wq, b, config=cfg, weight_scale=scale, lora=delta)
     elif prologue.startswith("rms_norm"):
-        got, _ = gemv_rms_norm(x, shrink["residual"], norm_w, 1e-6, wq, b, config=cfg, weight_scale=scale, lora=delta)
+        got, h = gemv_rms_norm(x, shrink["residual"], norm_w, 1e-6, wq, b, config=cfg, weight_scale=scale, lora=delta)
+        if shrink["residual"] is not None:
+            assert torch.equal(h, x + residual)
     else:
         got = gemv(x, wq, b, config=cfg, weight_scale=scale, lora=delta)
     want = torch.nn.functional.linear(u.float(), w.float(), b.float())
     want += lora_ref(u.float(), a.float(), lb.float(), token_slots.to(DEVICE))
     assert rel_err(got, want) < 1e-2, f"{prologue} {cfg}"
+    if door:  # every counter the GEMV used is left zeroed for the next call (a CUDA graph's replay)
+        from heron.kernels import gemv as gemv_module
+
+        assert all(not ws[1].any() for ws in gemv_module._shared.values())
     plain = torch.nn.functional.linear(u.float(), w.float(), b.float())
     for row in (token_slots < 0).nonzero().flatten().tolist():  # the base model's rows: nothing added
         assert rel_err(got[row], plain[row]) < 1e-2

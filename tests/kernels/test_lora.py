@@ -159,3 +159,38 @@ def test_shrink_splits_cover_the_gpu_at_decode_sizes_only():
 def test_group_by_slot():
     order, starts = group_by_slot(np.array([2, -1, 0, 2, 0, -1, 1]), 4)
     assert order.tolist() == [2, 4, 6, 0, 3, 1, 5] and starts.tolist() == [0, 2, 3, 5, 5]  # the base model's last
+
+
+EXTENDED_CASES = [CASES[0] + (None,), CASES[5] + (None,), CASES[2] + (None,), CASES[2] + ("silu",)]  # (..., act)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("slots", "in_size", "out_sizes", "max_rank", "ranks", "act"), EXTENDED_CASES)
+def test_the_expand_of_an_extended_product_equals_the_references(
+    slots, in_size, out_sizes, max_rank, ranks, act, dtype
+):
+    """Every slot's A rows under the base weight (`LoRAWeights.extended`): one product of x by it makes the base's
+    output and, past its N columns, every slot's sums; the expand (or, for a gate/up pair, the activation) reads
+    each row's slot's sums from there. Equals F.linear plus the dense reference's delta, on a strided output."""
+    from heron.kernels.lora import LoRAWeights, extended_delta
+
+    gen = torch.Generator().manual_seed(len(slots) + in_size)
+    a, b = random_adapters(len(ranks), in_size, out_sizes, max_rank, ranks, gen)
+    n = sum(out_sizes)
+    w = torch.randn(n, in_size, generator=gen) / in_size**0.5
+    x = torch.randn(len(slots), in_size, generator=gen)
+    a, b, w, x = (t.to(dtype) for t in (a, b, w, x))
+    token_slots = torch.tensor(slots)
+    extended = torch.cat([w, a.reshape(-1, in_size)])
+    y = (x.float() @ extended.float().T).to(dtype)  # the base GEMM's output, rounded once
+    want = y[:, :n].float() + lora_ref(x.float(), a.float(), b.float(), token_slots)
+    order, starts = group_by_slot(np.array(slots), len(ranks))
+    mapping = [t.to(DEVICE) for t in (token_slots, torch.from_numpy(order), torch.from_numpy(starts))]
+    weights = LoRAWeights(a.to(DEVICE), b.to(DEVICE), *mapping, out_sizes, max_rank, extended=extended.to(DEVICE))
+    y = y.to(DEVICE)
+    delta = extended_delta(weights, y, n)
+    if act:
+        got, want = delta.act_and_mul(y[:, :n], gelu_tanh=False).cpu(), silu_and_mul_ref(want.to(dtype))
+    else:
+        got = delta.add_to_(y[:, :n]).cpu()
+    assert rel_err(got, want) < 2 * TOL[dtype]

@@ -39,9 +39,14 @@ def linear(
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): the GEMV for a decode batch, else the BLAS kernel `plans` holds for the weight
     (or, for a float8 weight with `weight_scale`, the FP8 GEMM); plus the delta of the `lora` adapters over x
-    (its shrink first; its expand in the GEMV's epilogue at batch 1, else its kernel after)."""
+    (at batch 1 inside the GEMV, `LoRAWeights.for_gemv`; past one row with `LoRAWeights.extends`, no shrink:
+    the product by the extended weight makes every slot's sums too; else its shrink kernel first, its expand after)."""
+    if lora is not None and lora.extends(x, weight, bias):
+        ext = lora.extended
+        return lora.finish_extended(gemv(x, ext) if use_gemv(x, ext) else blas_linear(x, ext, None, plans))
     if use_gemv(x, weight, bias, weight_scale):
-        return gemv(x, weight, bias, weight_scale=weight_scale, lora=lora.shrink(x) if lora is not None else None)
+        delta = lora.for_gemv(x, weight) if lora is not None else None
+        return gemv(x, weight, bias, weight_scale=weight_scale, lora=delta)
     if weight_scale is not None:
         y = fp8_linear(x, weight, bias, weight_scale=weight_scale)
     else:
@@ -62,7 +67,9 @@ def silu_mul_linear(
     projection left for this activation (`LoRAWeights.take`), added to gate/up inside it."""
     if use_gemv(gate_up[..., : weight.shape[1]], weight, bias, weight_scale):
         _add_gate_up_delta(gate_up, lora)
-        delta = lora.shrink(gate_up, act="silu") if lora is not None else None
+        if lora is not None and lora.extends(gate_up, weight, bias):
+            return lora.finish_extended(gemv_silu_mul(gate_up, lora.extended))
+        delta = lora.for_gemv(gate_up, weight, act="silu") if lora is not None else None
         return gemv_silu_mul(gate_up, weight, bias, weight_scale=weight_scale, lora=delta)
     return linear(_act_and_mul(gate_up, lora, gelu_tanh=False), weight, bias, plans, weight_scale, lora)
 
@@ -113,7 +120,10 @@ def rms_norm_linear(
     rows (made from x and residual inside its shrink at decode sizes)."""
     fits = use_gemv(x, weight, bias, weight_scale) and norm_weight.dtype == x.dtype
     if fits and (residual is None or residual.stride(-1) == 1):
-        delta = lora.shrink(x, norm=(norm_weight, eps), residual=residual) if lora is not None else None
+        if lora is not None and lora.extends(x, weight, bias):
+            y, residual = gemv_rms_norm(x, residual, norm_weight, eps, lora.extended)
+            return lora.finish_extended(y), residual
+        delta = lora.for_gemv(x, weight, norm=(norm_weight, eps), residual=residual) if lora is not None else None
         return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, weight_scale=weight_scale, lora=delta)
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x

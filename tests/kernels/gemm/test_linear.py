@@ -15,6 +15,7 @@ from heron.attention.torch_ref import TorchAttentionBackend
 from heron.kernels import activation, fused_moe, gemv, lora, reference, rmsnorm, rope
 from heron.kernels.gemm import blas, int4
 from heron.kernels.gemm import linear as door
+from heron.kernels.lora import LoRARows
 from heron.layers.lora import ACT_REFS, LoRAMapping
 from heron.models.config import TransformerConfig
 from heron.models.lora import add_lora
@@ -58,7 +59,22 @@ class _RefDelta:
         return _fake(ACT_REFS["gelu_tanh" if gelu_tanh else "silu"](_plain(y) + self.delta))
 
 
+def _extended_delta(weights, y, n):
+    """What `lora.extended_delta` returns in its place: the delta of each row's slot from the sums an extended
+    product made in y's columns past n (the door's product by every slot's A rows under the base weight)."""
+    y, slots = _plain(y), _plain(weights.token_slots)[: y.shape[0]]
+    a, b = _plain(weights.lora_a), _plain(weights.lora_b)
+    sums = y[:, n:].float().view(y.shape[0], a.shape[0], a.shape[1])  # [T, slots, P*R]
+    mine = slots.clamp(min=0)
+    delta = torch.einsum("tr,trn->tn", sums[torch.arange(len(mine)), mine], b[mine].float())
+    return _RefDelta(_fake((delta * (slots >= 0)[:, None]).to(y.dtype)))
+
+
 def _plus(y, lora):
+    if isinstance(lora, LoRARows):  # the GEMV's own tiles run the shrink: its sums, no launch
+        calls = _RefDelta.calls[:]
+        lora = lora.shrink()
+        _RefDelta.calls[:] = calls
     return y if lora is None else lora.add_to_(y)
 
 
@@ -128,6 +144,7 @@ def launches(monkeypatch):
         for module in modules:
             monkeypatch.setattr(module, name, recorder)
     monkeypatch.setattr(_RefDelta, "calls", calls)
+    monkeypatch.setattr(lora, "extended_delta", _extended_delta)
     return calls
 
 
@@ -255,12 +272,13 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
 
 
 def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
-    """With adapters on every projection, each adds one launch to the base's path, the shrink, and the matmul adds
-    the delta. At decode sizes (the GEMV) the shrink makes its input as it reads the layer's (q/k/v's and
-    gate/up's normed x + residual, down's silu(gate) * up): no norm or activation launch of its own; past 16 rows
-    it reads the output of the norm or activation kernel the base runs there, and gate/up's delta is added inside
-    the activation (no expand of its own). The logits equal the CPU path's (the base projection, then the dense
-    reference's delta of its input), and the adapters change them."""
+    """With adapters on every projection the base's path has no launch more: at one row the GEMV's own grid runs
+    the shrink over the input its prologue makes (q/k/v's and gate/up's normed x + residual, down's silu(gate) *
+    up) and adds the delta in its epilogue (`LoRARows`). Past one row every slot's A rows sit under the base
+    weight, so the base's product (the GEMV to 16 rows, else the BLAS matmul after the norm or activation
+    kernel) makes the shrink's sums too, and the expand adds the delta (gate/up's inside the activation after
+    it). The logits equal the CPU path's (the base projection, then the dense reference's delta of its input),
+    and the adapters change them."""
     model, cfg = _on_fake_cuda("Qwen3ForCausalLM")
     none = _fake(torch.zeros(0, dtype=torch.long))
     slots = torch.tensor([0, 1, -1, 0] * 5)  # a prefill step's 20 rows; a decode step's 4
@@ -271,12 +289,11 @@ def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
         for name, buf in model.named_buffers():
             if "lora_" in name:
                 buf.normal_(0, 0.3)
-    decode = ["lora_shrink", "gemv_rms_norm", "apply_rope_and_cache", "lora_shrink", "gemv"]
-    decode += ["lora_shrink", "gemv_rms_norm", "lora_shrink", "gemv_silu_mul"]
-    prefill = ["rms_norm", "blas_linear", "lora_shrink", "apply_rope_and_cache", "blas_linear", "lora_shrink"]
-    prefill += ["fused_add_rms_norm", "blas_linear", "lora_shrink", "lora_act_and_mul", "blas_linear", "lora_shrink"]
+    decode = ["gemv_rms_norm", "apply_rope_and_cache", "gemv", "gemv_rms_norm", "gemv_silu_mul"]
+    prefill = ["rms_norm", "blas_linear", "apply_rope_and_cache", "blas_linear"]
+    prefill += ["fused_add_rms_norm", "blas_linear", "lora_act_and_mul", "blas_linear"]
     later = ["fused_add_rms_norm" if k == "rms_norm" else k for k in prefill]
-    steps = {(4, True): decode + decode, (20, False): prefill + later}
+    steps = {(1, True): decode + decode, (4, True): decode + decode, (20, False): prefill + later}
 
     def run(wrap) -> list[torch.Tensor]:
         out = []
@@ -302,9 +319,10 @@ def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
         base = run(_plain)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    assert (want[0] - base[0]).abs().max() > 0.1  # the one row's (slot 0)
     adapted = slots[:4] >= 0  # the decode rows' adapters changed their logits, and only theirs
-    assert (want[0] - base[0]).abs()[adapted].amax(1).min() > 0.1 and torch.equal(want[0][~adapted], base[0][~adapted])
-    assert (want[1] - base[1]).abs().max() > 0.1  # the prefill's last row (slot 0)
+    assert (want[1] - base[1]).abs()[adapted].amax(1).min() > 0.1 and torch.equal(want[1][~adapted], base[1][~adapted])
+    assert (want[2] - base[2]).abs().max() > 0.1  # the prefill's last row (slot 0)
 
 
 def test_an_int4_layer_runs_the_w4a16_kernel_after_its_norm_and_activation(launches):
