@@ -56,6 +56,12 @@ sums (all of its split-K partials in one load) and adds their product before the
 prologue the shrink's sums of h * weight take the same 1 / rms as the main sums. Batch-1 decode with adapters
 then pays one launch per projection (the shrink) instead of two. Other shapes run the expand kernel after.
 
+Programmatic dependent launch (sm_90+, heron/kernels/common.py's `pdl_options`): the GEMV may be let onto the
+SMs while the kernel before it finishes. Each program first prefetches its rows' first STAGES - 1 tiles of the
+weight into L2 (no kernel writes a weight, so this needs no wait), then waits for the kernel before; after its
+main loop (before the epilogue) it lets the next kernel launch, which then takes the SMs as this one's programs
+finish.
+
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
@@ -73,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.common import dot_upcast, gdc_launch_dependents, gdc_wait, num_sms, pdl_options
 from heron.kernels.lora import LoRADelta, lora_row_delta
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -128,6 +134,19 @@ def _input_tile(x_ptr, x_offs, mask, K, PROLOGUE: tl.constexpr, FIX_BF16: tl.con
     else:
         x = _load(x_ptr + x_offs, mask)
     return x
+
+
+@triton.jit
+def _prefetch_l2(w_ptr, n, N, stride_wn, k_lo, K, LINES: tl.constexpr):
+    """An L2 prefetch of the first LINES 128-byte lines of each of this program's weight rows from column k_lo
+    on (clamped to the row): no register holds them and nothing waits for them. The weight is no kernel's
+    output, so this may run before the wait for the kernel before (PDL)."""
+    step: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements a line
+    cols = tl.minimum(k_lo + tl.arange(0, LINES) * step, K - 1)
+    ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -189,6 +208,8 @@ def _gemv_kernel(
     LORA: tl.constexpr,
     LORA_R_PAD: tl.constexpr,
     LORA_S_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+    PF_LINES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -212,6 +233,9 @@ def _gemv_kernel(
         sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
         writer = pid_n == 0  # these programs store h, the new residual
     x_offs += k_lo
+    if PDL:  # the weight's first tiles into L2 while the kernel before still runs; then wait for its writes
+        _prefetch_l2(w_ptr, n, N, stride_wn, k_lo, K, PF_LINES)
+        gdc_wait()
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk
         if EVEN_K:
@@ -253,6 +277,8 @@ def _gemv_kernel(
             acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
         w_ptrs += BLOCK_K
         x_offs += BLOCK_K
+    if PDL:  # the next kernel may take the SMs as this one's programs finish (and prefetch its own weight)
+        gdc_launch_dependents()
     if not USE_DOT:
         acc = acc_k[:, None]  # [BLOCK_N, 1]
     if PROLOGUE == 2:  # W (h * weight) / rms = W (weight * rmsnorm(h))
@@ -548,8 +574,10 @@ def _launch(
         LORA=fuse,
         LORA_R_PAD=r_pad,
         LORA_S_PAD=s_pad,
+        PF_LINES=max(1, (cfg.num_stages - 1) * cfg.block_k * weight.element_size() // 128),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_options(x.device, m),
     )
     if lora is not None and not fuse:
         lora.add_to_(out.view(-1, n))
