@@ -90,6 +90,23 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def prefetch_rows_l2(ptr, rows, row_stride, col_lo, n_cols, LINES: tl.constexpr):
+    """An L2 prefetch of the first LINES 128-byte lines of each of `rows` (int64) of the matrix at `ptr` from
+    column col_lo on (clamped to n_cols): no register holds them and nothing waits for them. For a weight, which
+    no kernel writes, before a PDL wait: its first tiles load while the kernel before still runs."""
+    step: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements a line
+    cols = tl.minimum(col_lo + tl.arange(0, LINES) * step, n_cols - 1)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
+        "=r,l",
+        [ptr + rows[:, None] * row_stride + cols[None, :]],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def tanh(x):
     """tanh of float32 x from exp2 and a division, on the GPU and under the interpreter alike (libdevice's tanh
     has no interpreter version): sign(x) (1 - 2t / (1 + t)), t = e^(-2|x|). Near +-1 it is within an ulp or so of

@@ -79,7 +79,14 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast, gdc_launch_dependents, gdc_wait, num_sms, pdl_options
+from heron.kernels.common import (
+    dot_upcast,
+    gdc_launch_dependents,
+    gdc_wait,
+    num_sms,
+    pdl_options,
+    prefetch_rows_l2,
+)
 from heron.kernels.lora import LoRADelta, lora_row_delta
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -134,19 +141,6 @@ def _input_tile(x_ptr, x_offs, mask, K, PROLOGUE: tl.constexpr, FIX_BF16: tl.con
     else:
         x = _load(x_ptr + x_offs, mask)
     return x
-
-
-@triton.jit
-def _prefetch_l2(w_ptr, n, N, stride_wn, k_lo, K, LINES: tl.constexpr):
-    """An L2 prefetch of the first LINES 128-byte lines of each of this program's weight rows from column k_lo
-    on (clamped to the row): no register holds them and nothing waits for them. The weight is no kernel's
-    output, so this may run before the wait for the kernel before (PDL)."""
-    step: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements a line
-    cols = tl.minimum(k_lo + tl.arange(0, LINES) * step, K - 1)
-    ptrs = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn + cols[None, :]
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -234,7 +228,7 @@ def _gemv_kernel(
         writer = pid_n == 0  # these programs store h, the new residual
     x_offs += k_lo
     if PDL:  # the weight's first tiles into L2 while the kernel before still runs; then wait for its writes
-        _prefetch_l2(w_ptr, n, N, stride_wn, k_lo, K, PF_LINES)
+        prefetch_rows_l2(w_ptr, tl.minimum(n, N - 1).to(tl.int64), stride_wn, k_lo, K, PF_LINES)
         gdc_wait()
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk

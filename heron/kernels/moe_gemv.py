@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.activation import gated_act
-from heron.kernels.common import pdl_enter, pdl_options
+from heron.kernels.common import gdc_launch_dependents, gdc_wait, pdl_enter, pdl_options, prefetch_rows_l2
 from heron.kernels.moe_routing import route, route_constants
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -145,14 +145,21 @@ def _down_kernel(
     EVEN_K: tl.constexpr,
     FIX_BF16: tl.constexpr,
     PDL: tl.constexpr,
+    PF_LINES: tl.constexpr,
 ):
     """One loop over the token's k entries' tiles (entry j's I columns in tiles_per_entry tiles), so the
-    loads of the next entry's weights are in flight while this one's are summed."""
-    pdl_enter(PDL)
+    loads of the next entry's weights are in flight while this one's are summed. Under PDL it routes and
+    prefetches its first expert's rows into L2 before it waits for the up kernel: the router's logits are two
+    kernels back (the up kernel let this one launch only after its own wait for them)."""
     t = tl.program_id(1)
     weights, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(n, hidden - 1).to(tl.int64)
+    if PDL:
+        first = w2_ptr + _pick(ids, 0, K_PAD).to(tl.int64) * stride_e
+        prefetch_rows_l2(first, rows, inter, 0, inter, PF_LINES)
+        gdc_wait()
+        gdc_launch_dependents()
     kk = tl.arange(0, BLOCK_K)
     dtype = out_ptr.dtype.element_ty
     tiles_per_entry = tl.cdiv(inter, BLOCK_K)
@@ -211,6 +218,6 @@ def moe_gemv(
         act, router_logits, w2, out, num_experts, inter, hidden, router_logits.stride(0), w2.stride(0),
         out.stride(0), BLOCK_N=down_cfg.block_n, BLOCK_K=down_cfg.block_k, STAGES=down_cfg.num_stages,
         EVEN_K=inter % down_cfg.block_k == 0, num_warps=down_cfg.num_warps, num_stages=down_cfg.num_stages,
-        **routing,
+        PF_LINES=triton.next_power_of_2(triton.cdiv(inter * w2.element_size(), 128)), **routing,
     )  # fmt: skip
     return out
