@@ -62,6 +62,14 @@ weight into L2 (no kernel writes a weight, so this needs no wait), then waits fo
 main loop (before the epilogue) it lets the next kernel launch, which then takes the SMs as this one's programs
 finish.
 
+A tail (`gemv_norm_gemv`, one row): after a projection, the residual add, RMSNorm and a small second product
+(a MoE layer's o_proj, post-attention norm and router: at batch 1 each a launch of ~2-4 us whose ramp and tail
+cost more than its bytes). The grid gets the second weight's row tiles after its own; each of the first
+product's tiles, once its output is stored, bumps a counter in the workspace (release), and the tail programs,
+on the last split's row of the grid (started after every tile they wait for), wait until all have, then norm y
+from L2 (two passes: the sum of squares, then the rest, rounded as heron/kernels/rmsnorm.py rounds) and
+compute their rows; the first stores h and the normed row, the last resets the counters.
+
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
@@ -168,6 +176,10 @@ def _gemv_kernel(
     lora_slot_ptr,
     lora_part_ptr,
     lora_b_ptr,
+    tail_w_ptr,
+    tail_out_ptr,
+    normed_ptr,
+    flag_ptr,
     M,
     N,
     K,
@@ -186,6 +198,9 @@ def _gemv_kernel(
     stride_lora_split,
     stride_lora_bs,
     stride_lora_br,
+    n_tiles,
+    tail_n,
+    stride_tail,
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -204,9 +219,21 @@ def _gemv_kernel(
     LORA_S_PAD: tl.constexpr,
     PDL: tl.constexpr,
     PF_LINES: tl.constexpr,
+    TAIL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if TAIL:  # the grid's last tiles: the norm and second product after this one (`gemv_norm_gemv`)
+        if pid_n >= n_tiles:
+            if pid_k == split_k - 1:  # (the last split's row of the grid: started after every tile of W)
+                if PDL:  # the residual is the kernel before's
+                    gdc_wait()
+                _norm_gemv_tail(
+                    out_ptr, res_ptr, nw_ptr, res_out_ptr, normed_ptr, tail_w_ptr, tail_out_ptr, flag_ptr,
+                    pid_n - n_tiles, n_tiles, tl.num_programs(0) - n_tiles, N, tail_n, eps, stride_tail,
+                    BLOCK_N, BLOCK_K, FIX_BF16,
+                )  # fmt: skip
+            return
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, M_PAD)
     kk = tl.arange(0, BLOCK_K)
@@ -325,6 +352,73 @@ def _gemv_kernel(
         round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
         mask=m_ok & (n < N)[:, None],
     )
+    if TAIL:  # count this tile's output stored (the tail programs wait for all of them)
+        tl.debug_barrier()
+        tl.atomic_add(flag_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _norm_gemv_tail(
+    y_ptr,
+    res_ptr,
+    nw_ptr,
+    h_ptr,
+    normed_ptr,
+    w2_ptr,
+    out2_ptr,
+    flag_ptr,
+    t,
+    n_tiles,
+    n_tail,
+    N,
+    N2,
+    eps,
+    stride_w2,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FIX_BF16: tl.constexpr,
+):
+    """Tail program t of `gemv_norm_gemv`: once the GEMV's n_tiles tiles have stored y (one row, N) and counted
+    themselves: h = y + residual and normed = weight * rmsnorm(h), rounded as heron/kernels/rmsnorm.py rounds
+    them (two passes over y, from L2: the sum of squares, then the rest), and rows [t * BLOCK_N, +BLOCK_N) of
+    normed @ W2^T, as the one-row GEMV sums them. Program 0 stores h and normed; the last resets the counters."""
+    dtype = y_ptr.dtype.element_ty
+    rows = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w2_ptr + tl.minimum(rows, N2 - 1).to(tl.int64)[:, None] * stride_w2
+    kk = tl.arange(0, BLOCK_K)
+    ready = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
+    while ready < n_tiles:
+        ready = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    sum_sq = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, N, BLOCK_K):
+        h = _residual_sum(y_ptr, res_ptr, k0 + kk, N, dtype, FIX_BF16)
+        sum_sq += h * h
+    inv_rms = tl.math.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, N, BLOCK_K):
+        k = k0 + kk
+        h = _residual_sum(y_ptr, res_ptr, k, N, dtype, FIX_BF16)
+        hn = round_to(h * inv_rms, dtype, FIX_BF16).to(tl.float32)
+        x = round_to(hn * tl.load(nw_ptr + k, mask=k < N, other=0.0).to(tl.float32), dtype, FIX_BF16)
+        if t == 0:
+            tl.store(h_ptr + k, h.to(dtype), mask=k < N)
+            tl.store(normed_ptr + k, x, mask=k < N)
+        w = tl.load(w_rows + k[None, :], mask=(k < N)[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    tl.store(out2_ptr + rows, round_to(acc, out2_ptr.dtype.element_ty, FIX_BF16), mask=rows < N2)
+    if tl.atomic_add(flag_ptr + 1, 1, sem="acq_rel", scope="gpu") == n_tail - 1:  # the last: zero both
+        tl.store(flag_ptr, 0)
+        tl.store(flag_ptr + 1, 0)
+
+
+@triton.jit
+def _residual_sum(y_ptr, res_ptr, k, N, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
+    """round(y + residual) at columns k (0 past N), as float32: y written by this grid's other programs (read
+    past L1)."""
+    y = tl.load(y_ptr + k, mask=k < N, other=0.0, cache_modifier=".cg").to(tl.float32)
+    r = tl.load(res_ptr + k, mask=k < N, other=0.0).to(tl.float32)
+    return round_to(y + r, dtype, FIX_BF16).to(tl.float32)
 
 
 @functools.cache
@@ -477,6 +571,46 @@ def gemv_rms_norm(
     return y, residual_out
 
 
+@dataclass(frozen=True)
+class _Tail:
+    """What `gemv_norm_gemv`'s tail programs read and write (one row each)."""
+
+    residual: torch.Tensor
+    norm_weight: torch.Tensor
+    eps: float
+    weight: torch.Tensor
+    out: torch.Tensor
+    normed: torch.Tensor
+    h: torch.Tensor
+
+
+def gemv_norm_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight2: torch.Tensor,
+    *,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection, the residual add and RMSNorm after it, and a small second projection of the normed row, in
+    one kernel for one row: y = x @ weight^T, h = y + residual, normed = norm_weight * rmsnorm(h); returns
+    (normed @ weight2^T, normed, h) (a MoE layer's attention output projection, post-attention norm and router).
+    The GEMV's grid gets tiles of weight2's rows after its own; they wait until every tile of y is stored (a
+    counter in the workspace, as split-K's), then compute the norm from y (in L2) and their rows. x and residual
+    [1, K] and [1, N], weight [N, K], weight2 [N2, N], all of one 16-bit dtype."""
+    n, n2 = weight.shape[0], weight2.shape[0]
+    assert x.dim() == 2 and x.shape[0] == 1 and residual.shape == (1, n) and residual.is_contiguous()
+    assert weight2.shape == (n2, n) and weight2.is_contiguous() and weight2.dtype == weight.dtype == x.dtype
+    assert norm_weight.shape == (n,) and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
+    new = lambda cols: torch.empty(1, cols, dtype=x.dtype, device=x.device)  # noqa: E731
+    tail = _Tail(residual, norm_weight, eps, weight2, new(n2), new(n), new(n))
+    cfg = config or pick_config(1, n, weight.shape[1], weight.dtype, x.device)
+    _launch(x, weight, None, None, cfg, None, tail=tail)
+    return tail.out, tail.normed, tail.h
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -489,6 +623,7 @@ def _launch(
     norm: tuple[torch.Tensor, float] | None = None,
     residual: tuple[torch.Tensor, torch.Tensor] | None = None,
     lora: LoRADelta | None = None,
+    tail: _Tail | None = None,
 ) -> torch.Tensor:
     k = weight.shape[1]
     n = weight.shape[0]
@@ -511,13 +646,20 @@ def _launch(
     m_pad = 16 if cfg.dot else 1
     tiles = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
-    part, count = x2, x2  # placeholders, unused without split-K
-    if cfg.split_k > 1:
-        need = tiles * cfg.split_k * m_pad * cfg.block_n
-        part, count = workspace or _shared_workspace(need, tiles, x.device)
-        assert part.numel() >= need and count.numel() >= tiles and part.dtype == torch.float32
+    part, count = x2, x2  # placeholders, unused without split-K or a tail
+    if cfg.split_k > 1 or tail is not None:  # a tail's two counters after the split-K ones
+        need = tiles * cfg.split_k * m_pad * cfg.block_n if cfg.split_k > 1 else 0
+        part, count = workspace or _shared_workspace(need, tiles + 2, x.device)
+        assert part.numel() >= need and count.numel() >= tiles + 2 and part.dtype == torch.float32
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
+    tail_ptrs, tail_args, tail_tiles = (x2,) * 4, (tiles, 0, 0), 0
+    if tail is not None:  # the tail reads the residual and the norm weight where a norm prologue reads them
+        assert m == 1 and not cfg.dot and prologue == 0 and lora is None and weight_scale is None
+        norm_weight, eps, res, res_out = tail.norm_weight, tail.eps, tail.residual, tail.h
+        tail_ptrs = (tail.weight, tail.out, tail.normed, count[tiles:])
+        tail_args = (tiles, tail.weight.shape[0], tail.weight.stride(0))
+        tail_tiles = triton.cdiv(tail.weight.shape[0], cfg.block_n)
     # the LoRA delta in the epilogue of a one-row GEMV whose input is the shrink's (normed by both, or neither)
     fuse = lora is not None and not cfg.dot and (lora.sum_sq is not None) == (prologue == 2)
     if fuse:
@@ -528,7 +670,7 @@ def _launch(
         r_pad, s_pad = triton.next_power_of_2(lora_b.shape[1]), triton.next_power_of_2(parts.shape[0])
     else:
         lora_ptrs, lora_args, r_pad, s_pad = (x2, x2, x2), (0,) * 7, 1, 1
-    _gemv_kernel[(tiles, cfg.split_k)](
+    _gemv_kernel[(tiles + tail_tiles, cfg.split_k)](
         x2,
         weight,
         weight_scale if weight_scale is not None else x2,
@@ -540,6 +682,7 @@ def _launch(
         norm_weight,
         res_out,
         *lora_ptrs,
+        *tail_ptrs,
         m,
         n,
         k,
@@ -552,6 +695,7 @@ def _launch(
         res_out.stride(0),
         eps,
         *lora_args,
+        *tail_args,
         M_PAD=m_pad,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -569,6 +713,7 @@ def _launch(
         LORA_R_PAD=r_pad,
         LORA_S_PAD=s_pad,
         PF_LINES=max(1, (cfg.num_stages - 1) * cfg.block_k * weight.element_size() // 128),
+        TAIL=tail is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_options(x.device, m),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from heron.distributed import get_tp_world_size
 from heron.kernels.reference import fused_add_rms_norm_ref, rms_norm_linear_ref, rms_norm_ref
 from heron.layers.device_ops import DeviceOps
 from heron.layers.linear import ColumnParallelLinear, default_weight_loader
@@ -126,3 +127,42 @@ def _norm_then_proj(
     else:
         normed, residual = add_norm(x, residual, norm_weight, eps)
     return proj(normed), residual
+
+
+class LinearNormLinear(DeviceOps):
+    """A projection, the RMSNorm after it (its weight is this module's, under the norm's checkpoint name) and a
+    small projection of the normed rows: `forward(x, residual)` returns (second(normed), normed, h) for
+    h = first(x) + residual and normed = rmsnorm(h) (a MoE layer: the attention's o_proj, the post-attention
+    norm and the router). On CUDA with one rank, one kernel at batch 1 (heron/kernels/gemm/linear.py:
+    `linear_norm_linear`); elsewhere the three ops. `first` and `second` stay children of their owners."""
+
+    def __init__(self, dim: int, eps: float, first: nn.Module, second: nn.Module) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.__dict__["first"], self.__dict__["second"] = first, second  # references, not submodules
+        self.bind_ops()
+
+    def bind_ops(self) -> None:
+        fusable = get_tp_world_size() == 1 and not self.first.needs_quantized_op(self.weight.is_cuda)
+        if self.weight.is_cuda and fusable:
+            from heron.kernels.gemm.linear import linear_norm_linear
+
+            self._op = linear_norm_linear
+        else:
+            self._op = None
+            self._add_norm = fused_add_rms_norm_ref
+            if self.weight.is_cuda:
+                from heron.kernels.rmsnorm import fused_add_rms_norm
+
+                self._add_norm = fused_add_rms_norm
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        first, second = self.first, self.second
+        if self._op is not None:
+            return self._op(
+                x, first.weight, residual, self.weight, self.eps, second.weight,
+                first.matmul_plans, second.matmul_plans, first.weight_scale,
+            )  # fmt: skip
+        normed, h = self._add_norm(first(x), residual, self.weight, self.eps)
+        return second(normed), normed, h

@@ -53,6 +53,11 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """qkv: qkv_proj's output (run by the decoder layer's input norm, which is built with it)."""
+        return self.o_proj(self.attend(positions, qkv, meta))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention's output before o_proj [T, heads * head_dim] (a MoE layer runs o_proj with the norm and
+        the router after it)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -62,8 +67,7 @@ class LlamaAttention(nn.Module):
         q = self.rotary_emb.rotate_and_cache(
             positions, q, k, v, self.kv_cache, meta.slot_mapping, self.q_norm, self.k_norm, (p.k_scale, p.v_scale)
         )
-        o = self.backend.forward(q, self.kv_cache, meta, self.attn_params)
-        return self.o_proj(o.flatten(1))
+        return self.backend.forward(q, self.kv_cache, meta, self.attn_params).flatten(1)
 
 
 class LlamaMLP(nn.Module):

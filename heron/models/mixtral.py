@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from heron.attention import AttentionBackend, AttentionMetadata
-from heron.layers.layernorm import NormLinear, RMSNorm
+from heron.layers.layernorm import LinearNormLinear, NormLinear
 from heron.layers.linear import ReplicatedLinear
 from heron.layers.moe import FusedMoE
 from heron.layers.rotary import RotaryEmbedding
@@ -48,13 +48,14 @@ class SparseMoeBlock(nn.Module):
         self.gate = ReplicatedLinear(cfg.hidden_size, moe.num_experts)
         self.experts = FusedMoE(moe.num_experts, moe.top_k, cfg.hidden_size, moe.intermediate_size, moe.renormalize)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, self.gate(x))
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """x: the normed hidden states, router_logits: self.gate's of them (run with the norm before)."""
+        return self.experts(x, router_logits)
 
 
 class MoeDecoderLayer(nn.Module):
-    """The Llama layer with a sparse MLP: the post-attention norm's output goes to the router and to the experts,
-    so that norm is an `RMSNorm` of its own (the attention's still runs with the qkv projection)."""
+    """The Llama layer with a sparse MLP: the attention's output projection, the post-attention norm and the router
+    run as one op (`LinearNormLinear`, one kernel at batch 1), whose normed rows and logits go to the experts."""
 
     def __init__(
         self, cfg: TransformerConfig, rope: RotaryEmbedding, backend: AttentionBackend, layer: int, mlp: nn.Module
@@ -63,16 +64,16 @@ class MoeDecoderLayer(nn.Module):
         attn = LlamaAttention(cfg, rope, backend, layer)
         self.input_layernorm = NormLinear(cfg.hidden_size, cfg.rms_norm_eps, attn.qkv_proj)
         self.self_attn = attn
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = LinearNormLinear(cfg.hidden_size, cfg.rms_norm_eps, attn.o_proj, mlp.gate)
         self.mlp = mlp
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         qkv, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, qkv, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        attended = self.self_attn.attend(positions, qkv, meta)
+        router_logits, x, residual = self.post_attention_layernorm(attended, residual)
+        return self.mlp(x, router_logits), residual
 
 
 class MixtralForCausalLM(LlamaForCausalLM):

@@ -31,9 +31,9 @@ class Qwen2MoeSparseMoeBlock(SparseMoeBlock):
         self.shared_expert = Qwen2MoeMLP(cfg.hidden_size, cfg.moe.shared_expert_intermediate_size)
         self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return self.experts(x, self.gate(x)) + shared
+        return self.experts(x, router_logits) + shared
 
 
 class Qwen2MoeForCausalLM(MixtralForCausalLM):

@@ -369,3 +369,31 @@ def test_lora_one_row_graph_replay():
         u = qkv[:, :k].float()
         delta = lora_ref(u, a_o.float(), b_o.float(), mapping[0])
         assert rel_err(o, torch.nn.functional.linear(u, w_o.float()) + delta) < 1e-2, f"slot {slot}: o"
+
+
+NORM_GEMV_CASES = [  # (N, K, N2, config): an output tile past N, a router tile past N2; split-K
+    (100, 200, 40, GemvConfig(16, 64, dot=False)),
+    (96, 256, 24, GemvConfig(16, 64, split_k=2, dot=False)),
+    (64, 128, 128, GemvConfig(8, 32, split_k=4, dot=False)),
+]
+
+
+@pytest.mark.parametrize("n,k,n2,cfg", NORM_GEMV_CASES)
+def test_gemv_norm_gemv_equals_the_three_ops(n, k, n2, cfg):
+    """A projection, the residual add and norm, and a router-sized second projection in one kernel (its tail
+    tiles wait for the first product's tiles): the same h and normed row as the norm kernel's reference and
+    the second product within the GEMV's tolerance, twice in a row (the counters left zeroed)."""
+    from heron.kernels import gemv as gemv_module
+    from heron.kernels.gemv import gemv_norm_gemv
+
+    gen = torch.Generator().manual_seed(n + n2)
+    mk = lambda *s: (torch.randn(*s, generator=gen) / s[-1] ** 0.5).to(DEVICE, torch.bfloat16)  # noqa: E731
+    w, w2, norm_w = mk(n, k), mk(n2, n), (1 + 0.1 * torch.randn(n, generator=gen)).to(DEVICE, torch.bfloat16)
+    for _ in range(2):
+        x, residual = mk(1, k), mk(1, n) * 4
+        y2, normed, h = gemv_norm_gemv(x, w, residual, norm_w, 1e-6, w2, config=cfg)
+        y = gemv(x, w, config=cfg)  # the first product as the plain GEMV rounds it
+        want_normed, want_h = rms_norm_ref(y, norm_w, 1e-6, residual)
+        assert torch.equal(h, want_h) and rel_err(normed, want_normed) < 1e-2
+        _check(y2, normed, w2, None, f"router {cfg}")
+        assert all(not ws[1].any() for ws in gemv_module._shared.values())

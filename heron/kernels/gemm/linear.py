@@ -22,7 +22,7 @@ from heron.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from heron.kernels.gemm.blas import blas_linear
 from heron.kernels.gemm.fp8 import fp8_linear
 from heron.kernels.gemm.plans import MatmulPlans
-from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
+from heron.kernels.gemv import gemv, gemv_norm_gemv, gemv_rms_norm, gemv_silu_mul, use_gemv
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
 if TYPE_CHECKING:
@@ -120,3 +120,26 @@ def rms_norm_linear(
     else:
         normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
     return linear(normed, weight, bias, plans, weight_scale, lora), residual
+
+
+def linear_norm_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight2: torch.Tensor,
+    plans: MatmulPlans | None = None,
+    plans2: MatmulPlans | None = None,
+    weight_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection, the residual add and RMSNorm after it, and a second projection of the normed rows: returns
+    (linear(normed, weight2), normed, h) for h = linear(x, weight) + residual, normed = norm_weight * rmsnorm(h)
+    (a MoE layer's attention output projection, post-attention norm and router). One GEMV kernel at one row of
+    16-bit operands (`gemv_norm_gemv`: the norm and the router as tail tiles of the first product); else the
+    first product, the add-norm kernel and the second product."""
+    one = x.dim() == 2 and x.shape[0] == 1 and weight_scale is None and use_gemv(x, weight)
+    if one and residual.is_contiguous() and weight2.dtype == norm_weight.dtype == x.dtype and weight2.is_contiguous():
+        return gemv_norm_gemv(x, weight, residual, norm_weight, eps, weight2)
+    normed, h = fused_add_rms_norm(linear(x, weight, None, plans, weight_scale), residual, norm_weight, eps)
+    return linear(normed, weight2, None, plans2), normed, h

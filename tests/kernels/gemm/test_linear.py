@@ -70,6 +70,11 @@ def _gemv_rms_norm(x, residual, norm_weight, eps, weight, bias=None, weight_scal
     return _plus(F.linear(normed, _w(x, weight, weight_scale), bias), lora), h
 
 
+def _gemv_norm_gemv(x, weight, residual, norm_weight, eps, weight2, **_):
+    normed, h = reference.rms_norm_ref(F.linear(x, weight), norm_weight, eps, residual)
+    return F.linear(normed, weight2), normed, h
+
+
 def _lora_shrink(
     x, a, b, slots, sorted_tokens, slot_start, sizes, rank, splits=None, *, act=None, norm=None, residual=None
 ):
@@ -90,6 +95,7 @@ KERNELS = {  # name -> (modules that hold it, its reference)
         ),
     ),
     "gemv_rms_norm": ((gemv, door), _gemv_rms_norm),
+    "gemv_norm_gemv": ((gemv, door), _gemv_norm_gemv),
     "gemv_silu_mul": (
         (gemv, door),
         lambda x, w, b=None, weight_scale=None, lora=None, **_: _plus(
@@ -220,8 +226,9 @@ def test_a_decoder_layer_launches_the_fused_kernels_at_decode_sizes_and_the_tune
 
 
 def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(launches):
-    """Qwen3-MoE: layer 0 sparse (the router through the matmul door, then the decode GEMVs that route inside
-    them at one token, routing and the grouped GEMMs at four), layer 1 dense (mlp_only_layers)."""
+    """Qwen3-MoE: layer 0 sparse (at one token the attention's output projection, the norm and the router in one
+    GEMV, then the decode GEMVs that route inside them; at four the projection, the norm kernel, the router
+    through the matmul door, routing and the grouped GEMMs), layer 1 dense (mlp_only_layers)."""
     model, cfg = _on_fake_cuda(
         "Qwen3MoeForCausalLM",
         num_experts=8,
@@ -233,10 +240,11 @@ def test_a_sparse_layer_routes_and_runs_its_experts_in_the_fused_moe_kernels(lau
     attention = ["gemv_rms_norm", "apply_rope_and_cache", "gemv"]
     dense = [*attention, "gemv_rms_norm", "gemv_silu_mul"]
     with torch.inference_mode():
-        for rows, experts in ((1, ["moe_gemv"]), (4, ["topk_softmax", "fused_experts"])):
+        one = ["gemv_rms_norm", "apply_rope_and_cache", "gemv_norm_gemv", "moe_gemv"]
+        four = [*attention, "fused_add_rms_norm", "gemv", "topk_softmax", "fused_experts"]
+        for rows, sparse in ((1, one), (4, four)):
             launches.clear()
             logits = _step(model, cfg, rows, decode=True)
-            sparse = [*attention, "fused_add_rms_norm", "gemv", *experts]
             assert launches == sparse + dense + ["fused_add_rms_norm", "gemv"], rows
             assert logits.dtype == torch.float32 and torch.isfinite(_plain(logits)).all()
 
