@@ -649,8 +649,9 @@ def _launch(
     part, count = x2, x2  # placeholders, unused without split-K or a tail
     if cfg.split_k > 1 or tail is not None:  # a tail's two counters after the split-K ones
         need = tiles * cfg.split_k * m_pad * cfg.block_n if cfg.split_k > 1 else 0
-        part, count = workspace or _shared_workspace(need, tiles + 2, x.device)
-        assert part.numel() >= need and count.numel() >= tiles + 2 and part.dtype == torch.float32
+        counts = tiles + 2 if tail is not None else tiles
+        part, count = workspace or _shared_workspace(need, counts, x.device)
+        assert part.numel() >= need and count.numel() >= counts and part.dtype == torch.float32
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
     tail_ptrs, tail_args, tail_tiles = (x2,) * 4, (tiles, 0, 0), 0
