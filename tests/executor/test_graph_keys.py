@@ -1,6 +1,6 @@
 """Which captured CUDA graph runs a step: decode batches by sequence count, small steps by the smallest token
-bucket whose sequence cap holds them, steps of many sequences by the mixed graphs' token bucket and query
-tiles, anything larger eagerly."""
+bucket whose sequence cap holds them, steps of many sequences by the mixed graphs' token bucket, anything larger
+eagerly."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_default_limits():
     assert keys.decode_sizes == [1, 2, 4, *range(8, 257, 8)]
     assert keys.prefill == [(16, 8, 16), (32, 8, 32), (64, 8, 64), (128, 8, 128), (256, 8, 256), (512, 8, 512)]
     tokens = [t for t in MIXED_TOKENS if t > 256]
-    assert keys.mixed == sorted([(t, 256, 64) for t in tokens] + [(t, 256, t) for t in tokens])
+    assert keys.mixed == [(t, 256, t) for t in tokens]
     every = keys.all()
     assert every == sorted(every, reverse=True) and every[0] == (2048, 256, 2048) and every[-1] == (1, 1, 1)
     assert len(every) == len(set(every)) == len(keys.decode_sizes) + len(keys.prefill) + len(keys.mixed)
@@ -42,10 +42,10 @@ def test_small_steps_take_the_smallest_bucket_that_holds_them():
 def test_many_sequences_take_a_mixed_graph():
     """The steady state of many short requests: a full batch of decode rows beside a few new prompts."""
     keys = GraphKeys.plan(256, 8192, prefill=True)
-    assert keys.for_step(40, 9, decode=False, max_query_len=32) == (320, 256, 64)
-    assert keys.for_step(500, 256, decode=False, max_query_len=40) == (512, 256, 64)
-    assert keys.for_step(500, 256, decode=False, max_query_len=65) == (512, 256, 512)  # a longer chunk
-    assert keys.for_step(513, 250, decode=False, max_query_len=64) == (640, 256, 64)
+    assert keys.for_step(40, 9, decode=False, max_query_len=32) == (320, 256, 320)
+    assert keys.for_step(500, 256, decode=False, max_query_len=40) == (512, 256, 512)
+    assert keys.for_step(500, 256, decode=False, max_query_len=300) == (512, 256, 512)  # any chunk
+    assert keys.for_step(513, 250, decode=False, max_query_len=64) == (640, 256, 640)
     assert keys.for_step(2048, 200, decode=False, max_query_len=1800) == (2048, 256, 2048)
     assert keys.for_step(2049, 1, decode=False, max_query_len=2049) is None  # over the largest bucket: eager
 
