@@ -3,7 +3,8 @@ front end, LLVM, and the ptxas, cuobjdump and nvdisasm it carries (the wheel's; 
 carry another ptxas: compare like with like, or run this there too). For each case (CASES: the prefill and
 decode kernels' variants) it prints the cubin's registers, stack (spills live there) and static shared memory,
 the SASS's instruction count and its loops (backward branches), each with its instructions, MMAs, local-memory
-loads and stores (LDL / STL: spills) and global loads. It shows what a change does to the code before a device
+loads and stores (LDL / STL: spills), global loads and the 16-byte asynchronous copies (LDGSTS ... 128) that
+stream K and V into shared memory. It shows what a change does to the code before a device
 call times it; what the code costs on the GPU it does not say.
 
     python benchmarks/sass_probe.py ["prefill, 1" ...]   (cases whose names start so; default all)
@@ -50,10 +51,20 @@ CASES = [
 
 def compile_sm90(fn: triton.JITFunction, constexprs: dict, floats: set[str], **options) -> dict[str, str]:
     """`fn` compiled for sm_90a with these constexprs (pointer arguments as POINTERS types them, `floats` fp32,
-    the rest i32): Triton's asm dict (ttir ... ptx, cubin)."""
+    the rest i32): Triton's asm dict (ttir ... ptx, cubin). Every pointer and every `stride*` argument carries
+    the divisibility by 16 a launch gives it (a torch allocation's 16-byte alignment; the strides of the cache,
+    q and the block tables are multiples of 16): without it Triton cannot prove a row's 16-byte alignment and
+    loads K and V two bytes at a time (the figures sessions 24-25 read, 32 registers and 3,199 spill
+    instructions for the full batch's decode, were that build, not the GPU's)."""
     names = fn.arg_names
     sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in floats else "i32") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    hinted = [i for i, n in enumerate(names) if n not in constexprs and (n.endswith("_ptr") or n.startswith("stride"))]
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in hinted},
+    )
     return triton.compile(src, target=TARGET, options=options).asm
 
 
@@ -99,9 +110,11 @@ def loops(rows: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
         start = labels.get(m.group(1), addr) if m else addr
         if start < addr:
             body = [(a, t) for a, t in rows if start <= a <= addr]
-            mma, ldl, stl, ldg = (count(body, op) for op in (r"\bHG?MMA", r"\bLDL", r"\bSTL", r"\bLDG"))
+            ops = (r"\bHG?MMA", r"\bLDL", r"\bSTL", r"\bLDG(?!STS|DEPBAR)", r"\bLDGSTS\S*\.128")
+            mma, ldl, stl, ldg, cp = (count(body, op) for op in ops)
             out.append(
-                f"loop {start:#x}-{addr:#x}: {len(body)} instructions, {mma} MMA, {ldl} LDL, {stl} STL, {ldg} LDG"
+                f"loop {start:#x}-{addr:#x}: {len(body)} instructions, {mma} MMA, {ldl} LDL, {stl} STL, {ldg} LDG, "
+                f"{cp} LDGSTS.128"
             )
     return out
 

@@ -258,8 +258,8 @@ def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_d
     (docs/history/perf_notes.md run 20): 128 keys with 3 stages took batch 100 (~1,200-token contexts) from 140
     to 127 us, batch 200 177 -> 172, the
     `kernels` case (batch 64, P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared
-    memory at D 128 (sm_90 build), more than GPUs with ~100 KB per SM have. At D 256, 64 keys spill registers
-    in ptxas's sm_90 build and 32 do not (not yet timed). The block size is a floor."""
+    memory at D 128 (sm_90 build), more than GPUs with ~100 KB per SM have. At D 256, 32 keys: not yet timed
+    (neither 32 nor 64 spills in the sm_90 build). The block size is a floor."""
     if head_dim > 128:
         return max(32, block_size)
     return max(128 if num_partitions <= 2 and elem_size <= 2 else 64, block_size)

@@ -435,7 +435,7 @@ def default_prefill_config(head_dim: int, group: int, device: torch.device) -> d
     g_pad = triton.next_power_of_2(group)
     if device.type != "cuda":  # the interpreter: small tiles are faster there
         return dict(block_m=max(16, g_pad), block_n=16, num_warps=4, num_stages=1, maxnreg=None)
-    if head_dim > 128:  # D 256 (Gemma): of the 64-row tiles, the least spilling in ptxas's sm_90 build; not yet timed
+    if head_dim > 128:  # D 256 (Gemma): not yet timed (no 64- or 128-row tile spills in the sm_90 build)
         return dict(block_m=max(64, g_pad), block_n=16, num_warps=8, num_stages=2, maxnreg=None)
     # From sweeps on an H200 (bf16; docs/kernels.md, docs/history/perf_notes.md run 14): D 128 -> 128 x 32 tiles,
     # 8 warps, 3 stages, 128 registers (two programs per SM); D 64 -> 64 x 64, 4 warps (~260-300 TFLOP/s).

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
     """One program a tile: ptxas holds it to the 128 registers the launch asks for, and the SASS has the two key
-    loops (the unmasked tiles', the diagonal's), each with the two matrix products' MMAs and the K/V loads."""
+    loops (the unmasked tiles', the diagonal's), each with the two matrix products' MMAs and K and V streamed
+    as 16-byte asynchronous copies (the launch's alignment, which the probe gives the pointers and strides)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(REPO)}
     cmd = [sys.executable, str(REPO / "benchmarks" / "sass_probe.py"), "prefill, 1 share"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=300).stdout
@@ -31,5 +32,5 @@ def test_the_prefill_kernel_compiles_for_sm90_and_its_key_loops_are_found():
     found = [line for line in lines if line.strip().startswith("loop ")]
     assert len(found) == 2 and len(lines) == 5
     for line in found:
-        mma, ldg = (int(re.search(rf"(\d+) {name}", line).group(1)) for name in ("MMA", "LDG"))
-        assert mma >= 10 and ldg > 0, line
+        mma, cp = (int(re.search(rf"(\d+) {name}", line).group(1)) for name in ("MMA", r"LDGSTS\.128"))
+        assert mma >= 10 and cp > 0, line
