@@ -38,14 +38,13 @@ PREFILL = HEADS | dict(G_PAD=2, BLOCK_M=128, BLOCK_N=32, SKIP_DECODE=True, MIN_T
 DECODE = HEADS | dict(NUM_HEADS=16, NUM_KV_HEADS=8, G_PAD=16, USE_QSL=False, HAS_ORDER=True, HEADS_FIRST=True)
 DECODE |= dict(LO_MASK=False, PREFIX_PARTS=0, PDL=True, BLOCK_N=128, NUM_PARTS=2, PARTS_PAD=2)
 # (what, kernel, constexprs, launch options): the prefill with one program a query tile and with its keys
-# shared among 4; the decode of a full batch (2 partitions, 128-key tiles), with the 64-key tiles of smaller
-# batches, and held to 255 registers
+# shared among 4; the decode of a full batch (2 partitions, 128-key tiles) and with the 64-key tiles of smaller
+# batches
 CASES = [
     ("prefill, 1 share a tile", paged_prefill._paged_prefill_kernel, PREFILL | dict(SPLITS=1), dict(maxnreg=128)),
     ("prefill, 4 shares a tile", paged_prefill._paged_prefill_kernel, PREFILL | dict(SPLITS=4), dict(maxnreg=128)),
     ("decode, batch 256", paged_decode._paged_decode_kernel, DECODE, dict(num_warps=4)),
     ("decode, 64-key tiles", paged_decode._paged_decode_kernel, DECODE | dict(BLOCK_N=64), dict(num_warps=4)),
-    ("decode, batch 256, maxnreg 255", paged_decode._paged_decode_kernel, DECODE, dict(num_warps=4, maxnreg=255)),
 ]
 
 
