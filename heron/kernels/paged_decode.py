@@ -252,9 +252,11 @@ def default_num_partitions(batch_size: int, num_kv_heads: int, device: torch.dev
     return min(16, triton.next_power_of_2(max(1, want)))
 
 
-def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_dim: int) -> int:
+def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_dim: int, cascade: bool = False) -> int:
     """Keys per tile: 128 for a 16-bit cache when each program has a long run of keys (at most two partitions:
-    batch x KV heads fill the GPU), else 64; 32 at head_dim 256 (Gemma). Swept on an H200
+    batch x KV heads fill the GPU, no cascade: after a shared prefix a sequence's own keys are a few hundred,
+    a tile or three, and 128-key tiles' three stages take 192 KB of shared memory, one program an SM), else
+    64; 32 at head_dim 256 (Gemma). Swept on an H200
     (docs/history/perf_notes.md run 20): 128 keys with 3 stages took batch 100 (~1,200-token contexts) from 140
     to 127 us, batch 200 177 -> 172, the
     `kernels` case (batch 64, P 2) 105.5 -> 103. A float32 cache keeps 64 keys: 128 would take ~148 KB of shared
@@ -262,7 +264,7 @@ def default_block_n(block_size: int, num_partitions: int, elem_size: int, head_d
     (neither 32 nor 64 spills in the sm_90 build). The block size is a floor."""
     if head_dim > 128:
         return max(32, block_size)
-    return max(128 if num_partitions <= 2 and elem_size <= 2 else 64, block_size)
+    return max(128 if num_partitions <= 2 and elem_size <= 2 and not cascade else 64, block_size)
 
 
 DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -337,7 +339,8 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     if num_partitions is None:
         num_partitions = default_num_partitions(batch, num_kv_heads, q.device)
-    block_n = block_n or default_block_n(block_size, num_partitions, kv_cache.element_size(), head_dim)
+    elem_size, cascade = kv_cache.element_size(), prefix is not None
+    block_n = block_n or default_block_n(block_size, num_partitions, elem_size, head_dim, cascade)
     if num_partitions > 1:
         if workspace is None:
             workspace = make_decode_workspace(batch, num_heads, num_kv_heads, head_dim, num_partitions, q.device)
@@ -408,7 +411,7 @@ def paged_decode_attention(
         LO_MASK=bool(sliding_window) or prefix_parts > 0,
         FP8=fp8,
         num_warps=num_warps,
-        num_stages=num_stages or (3 if block_n >= 128 and kv_cache.element_size() <= 2 else 2),
+        num_stages=num_stages or (3 if block_n >= 128 and elem_size <= 2 else 2),
         **pdl_options(q.device, q.shape[0]),
     )
     return out

@@ -88,7 +88,9 @@ def test_decode_tile_follows_partitions_and_cache_dtype():
     """128-key tiles only for a 16-bit cache with <= 2 partitions (large batches); a float32 cache keeps 64
     (128 would not fit in the shared memory of ~100 KB GPUs); head_dim 256 takes 32; the block size is a floor."""
     assert default_block_n(16, 1, 2, 128) == default_block_n(16, 2, 2, 128) == default_block_n(16, 1, 2, 64) == 128
-    assert default_block_n(16, 4, 2, 128) == default_block_n(16, 1, 4, 128) == 64
+    assert (
+        default_block_n(16, 4, 2, 128) == default_block_n(16, 1, 4, 128) == default_block_n(16, 1, 2, 128, True) == 64
+    )
     assert default_block_n(16, 1, 2, 256) == default_block_n(16, 1, 4, 256) == 32
     assert default_block_n(256, 16, 4, 128) == 256
 
