@@ -5,14 +5,13 @@ A slot's adapter is y += (x A^T) B^T, its scaling folded into B. A fused project
 one A per part, stacked along the rank axis, and B block-diagonal: part p's rank rows feed only part p's
 output columns. On CUDA the delta is the gathered kernel (heron/kernels/lora.py: shrink and expand-add over
 the step's tokens grouped by slot, each adapter's matrices read once per 16 of its tokens): the wrappers hand
-the adapters to the base projection's matmul door, which runs the shrink on the input its path has and adds
-the expanded delta, in the GEMV's epilogue at batch 1 (which also runs the shrink in its own grid: no launch
-more than the base model),
-and past 16 rows gate/up's inside the activation after it (the down projection's door). Past one row, a
-16-bit projection's weight has every slot's A rows under it (`LoRAStack.extend`): the base's own product makes
-the shrink's sums, and only the expand runs;
-elsewhere it is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the
-other slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
+the adapters to the base projection's matmul door. At batch 1 the GEMV runs the shrink in its own grid and
+adds the expanded delta in its epilogue (no launch more than the base model). Past one row a 16-bit
+projection's weight has every slot's A rows under it (`LoRAStack.extend`): the base's own product makes the
+shrink's sums and only the expand runs, gate/up's past 16 rows inside the activation after it (the down
+projection's door). A float8 or biased projection runs the shrink on the input its path has. Elsewhere the
+delta is the dense product against every slot (`lora_ref`: two matmuls, each token's columns of the other
+slots zeroed in between). Both have fixed shapes for any mix of adapters (CUDA-graph safe), no loop over
 adapters or requests, no host sync.
 
 Built only with `enable_lora`: a model without it keeps its layers as they are and pays nothing.
