@@ -271,8 +271,8 @@ def test_geglu_never_takes_the_swiglu_prologue(launches):
     assert torch.isfinite(_plain(logits)).all()
 
 
-def test_a_lora_layer_runs_its_shrink_on_the_input_its_path_has(launches):
-    """With adapters on every projection the base's path has no launch more: at one row the GEMV's own grid runs
+def test_a_lora_layer_runs_no_shrink_launch_on_a_16_bit_path(launches):
+    """With adapters on every 16-bit projection no shrink launches: at one row the GEMV's own grid runs
     the shrink over the input its prologue makes (q/k/v's and gate/up's normed x + residual, down's silu(gate) *
     up) and adds the delta in its epilogue (`LoRARows`). Past one row every slot's A rows sit under the base
     weight, so the base's product (the GEMV to 16 rows, else the BLAS matmul after the norm or activation
