@@ -161,8 +161,10 @@ class ModelRunner:
         ]
         heads = [m for m in self.model.modules() if isinstance(m, ParallelLMHead)]
         weights = [m.weight for m in self.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-        if self.lora is not None:  # the LoRA'd projections' products past one row (heron/layers/lora.py's `extend`)
-            weights += [s.extended for s in self.lora.stacks.values() if s.extended is not None]
+        if self.lora is not None:  # a LoRA'd projection's products past one row are by its extended weight
+            # (heron/layers/lora.py's `extend`): that one is tuned in its base weight's place
+            extended = {id(s.base.weight): s.extended for s in self.lora.stacks.values() if s.extended is not None}
+            weights = [extended.get(id(w), w) for w in weights]
         weights += [m.weight for m in heads if not m.float32_matmul()]
         float32_out = [m.weight for m in heads if m.float32_matmul()]
         logger.info(tune_and_summarise(self.matmul_plans, weights, rows, float32_out))
