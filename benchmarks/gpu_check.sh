@@ -305,9 +305,9 @@ for s in $SECTIONS; do case $s in
     # interleaved, AB_ROUNDS rounds): the trees from .ab-a.tar and .ab-b.tar (`git archive --prefix=a/` and `b/`,
     # carried), over the workloads whose steps differ in attention: the prefix workload (cascade, mixed steps
     # behind long cached prompts), the plain offline 0.6B one and 20,000 short requests (mixed steps every step);
-    # AB_WORKLOADS picks among prefix, offline and many (a cascade-only change: prefix)
+    # AB_WORKLOADS picks among prefix, offline and many (a cascade-only change: prefix); AB_ARGS adds engine flags
     ab_trees
-    M=(--model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096)
+    M=(--model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096 ${AB_ARGS:-})
     P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
        --output-len-range 64,256)
     AB=(bash benchmarks/ab.sh "${TREES[@]}" "${AB_ROUNDS:-2}" bench throughput "${M[@]}")
