@@ -4,12 +4,12 @@ Per step (prepare, from the host copies of the lengths: no device read-back) the
   decode   every sequence has one new token: the split-KV decode kernel alone (the CUDA-graph case);
   prefill  no sequence has exactly one new token: the prefill kernel alone;
   mixed    both: the decode kernel over all B sequences, skipping on the device those whose query length
-           is not 1, and the prefill kernel skipping those whose query length is 1.
+           is not 1, and the prefill kernel over a work list of the others' query tiles.
 Two kernels rather than one: a decode row has a single query, so its only parallelism is over the keys
 (split-KV, P partitions + a reduce), while a prefill chunk has parallelism over query tiles and wants
-large M tiles. Selecting rows on the device (each kernel reads query_start_loc and returns for the other
-kind) needs no host-built index lists, no extra copies and no sync, at the cost of a few programs that
-exit at once.
+large M tiles. Selecting rows on the device (the decode kernel returns for a chunk's rows; the prefill
+kernel's programs list the chunks' tiles from query_start_loc) needs no host-built index lists, no extra
+copies and no sync, and lets a graph captured for a step's token count replay any mix of rows.
 
 A decode step of many sequences (at most 2 partitions each) starts its programs longest sequence first
 (`paged_decode.longest_first`, one argsort on the device by the step's first layer, shared by the others): the

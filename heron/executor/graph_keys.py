@@ -8,13 +8,14 @@ attention grids cover, so a step runs in a graph by being padded to its key.
   8, max_num_seqs): a step with a chunk of two tokens or more has at most T - 1 sequences, so S < T and the
   keys never meet a decode graph's. The cap on S bounds the attention programs a small step wastes (both
   kernels' grids have one row of programs per sequence slot; empty slots exit at once).
-- Mixed graphs (T, N, Q), N = min(T - 1, max_num_seqs): decode rows beside new prompts, the steady state of a
+- Mixed graphs (T, N, T), N = min(T - 1, max_num_seqs): decode rows beside new prompts, the steady state of a
   job of many short requests (each step admits a few prompts in the places of finished sequences). N holds any
   step of T tokens, and no more slots than it can have: at 1,024 seats a step of 300 tokens pads to a graph
   of 319 sequence slots, not 1,024. Such a step run eagerly is bound by its ~10 kernel launches a layer from
   Python (~30 ms for Qwen3-0.6B on the H200, against ~3 ms replayed). T in steps of 64 tokens to 512, of 128
-  to 1024, of 256 to 2048 (padding costs at most a quarter more matmul rows); Q, the prefill kernel's query
-  tiles per sequence, either MIXED_SHORT_QUERY (short prompts: one tile row a sequence) or T (any chunk).
+  to 1024, of 256 to 2048 (padding costs at most a quarter more matmul rows); Q = T: the prefill kernel's work
+  list in such a step is sized by its token rows alone (heron/kernels/paged_prefill.py), so one graph serves
+  chunks of any length.
 Anything larger runs eagerly (each graph costs capture time at start-up and memory in the graphs' pool).
 """
 
@@ -25,7 +26,6 @@ GraphKey = tuple[int, int, int]  # (num_tokens, num_seqs, max_query_len) of a ca
 PREFILL_TOKENS = (16, 32, 64, 128, 256, 512)
 PREFILL_MAX_SEQS = 8
 MIXED_TOKENS = (*range(64, 513, 64), *range(640, 1025, 128), *range(1280, 2049, 256))
-MIXED_SHORT_QUERY = 64
 
 
 def is_decode(key: GraphKey) -> bool:
@@ -61,7 +61,7 @@ class GraphKeys:
         for tokens in {t for t in MIXED_TOKENS if t < cap} | {cap}:
             seqs = min(tokens - 1, max_num_seqs)
             if seqs > PREFILL_MAX_SEQS:
-                mixed.update((tokens, seqs, q) for q in (min(MIXED_SHORT_QUERY, tokens), tokens))
+                mixed.add((tokens, seqs, tokens))
         return cls(sorted(decode), small, sorted(mixed))
 
     def all(self) -> list[GraphKey]:

@@ -10,6 +10,14 @@ position are visible to every row and go through an unmasked loop; the few tiles
 a masked one; tiles past the tile's last query position are never visited. Programs whose query tile lies
 past their sequence's chunk (the grid is sized by the longest chunk) return at once.
 
+Work list (`skip_decode`, a mixed step's prompt chunks beside decode rows, which the decode kernel does): the
+grid is (P, 1, Hkv) instead, and each program of a KV head takes every P-th item of the step's work, which it
+lists itself from query_start_loc (a cumulative sum over the B sequences' item counts, then a search per item):
+the query tiles of the chunks of two tokens or more, each in `splits` share slots. P fits the tiles of q's rows
+(the step's tokens, or its graph's). A replayed mixed graph of 256 sequence slots and 896 token rows thus
+launches a few hundred programs where the (tile rows, B, Hkv) grid launched ~28,000, nearly all of them decode
+rows' that exit at once but still take their turn on an SM.
+
 `max_query_len` is a host int (AttentionMetadata has it): no device read-back.
 
 Split keys (a `split_workspace` for S shares): a step of a few short chunks over long cached prefixes (a
@@ -18,11 +26,11 @@ request joining 255 decoding ones behind a 2,000-token system prompt) has only a
 tiles (one per `min_split_keys` keys), the last of them also the diagonal; each stores its normalized partial
 output and log-sum-exp and bumps the tile's arrival counter, and the share that arrives last merges them
 (`_merge_shares`, in share order) and zeroes the counter: no second launch. The shares run in the grid's
-first-axis slots: slot i of a chunk of n query tiles is share i // n of tile i % n. A wide batch (a mixed step
-over a full decode batch, whose grid is sized by its longest chunk, or by its graph's) keeps its grid: its
-shorter chunks use the slots they leave free; a step of up to SPLIT_SLOTS_MAX_SEQS sequences gets S slots a
-tile. How many share a tile is computed on the device from the step's data (`_num_splits`, the slots), so a
-CUDA graph replays any step, and a tile with a short prefix runs whole and writes its output itself.
+first-axis slots: slot i of a chunk of n query tiles is share i // n of tile i % n. A wide prefill step (more
+than SPLIT_SLOTS_MAX_SEQS sequences) keeps its grid, and its shorter chunks use the slots they leave free; a
+narrower one, and each tile of a work list, gets S slots a tile. How many share a tile is computed on the
+device from the step's data (`_num_splits`, the slots), so a CUDA graph replays any step, and a tile with a
+short prefix runs whole and writes its output itself (its other slots read and write nothing).
 
 With a sliding window (WINDOW, a constexpr: 0 compiles the variant above) row r sees keys (pos_r - WINDOW,
 pos_r]: tiles wholly before the tile's first row's window are never visited, the keys every row sees (from the
@@ -48,7 +56,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.attn_tile import LOG2E, dot_precision, fp8_kv, soft_cap
-from heron.kernels.common import check_cache, dot_upcast, pdl_enter, pdl_options
+from heron.kernels.common import check_cache, dot_upcast, num_sms, pdl_enter, pdl_options
 from heron.kernels.reference import is_fp8
 
 
@@ -187,13 +195,12 @@ def _num_splits(first_pos, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, MIN_TILE
 
 
 @triton.jit
-def _paged_prefill_kernel(
+def _prefill_tile(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
     bt_ptr,
     seq_lens_ptr,
-    qsl_ptr,
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
@@ -210,13 +217,19 @@ def _paged_prefill_kernel(
     stride_cblk,
     stride_coff,
     stride_ch,
+    b,
+    kvh,
+    q_start,
+    q_len,
+    qt,
+    split,
+    slots,
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SKIP_DECODE: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -224,25 +237,11 @@ def _paged_prefill_kernel(
     FP8: tl.constexpr,
     SPLITS: tl.constexpr,
     MIN_TILES: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
+    """Query tile qt of sequence b (its chunk: q_len rows from q_start) times KV head kvh's G query heads; with
+    SPLITS, share `split` of the `slots` the tile may spread its unmasked keys over (a share past the ones its
+    keys use reads nothing and writes nothing)."""
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
-    qt = tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
-    split = 0
-    if SPLITS > 1:  # slot qt of the grid's first axis is share qt // n of the chunk's tile qt % n
-        n = tl.maximum(tl.cdiv(q_len, BLOCK_Q), 1)
-        split = qt // n
-        qt = qt % n
-    if qt * BLOCK_Q >= q_len:
-        return
-    if SKIP_DECODE:
-        if q_len == 1:  # left to the decode kernel
-            return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len
 
@@ -303,14 +302,13 @@ def _paged_prefill_kernel(
         mid = 0
     hi = full_end
     used = 1
-    if SPLITS > 1:  # this program's share of the unmasked tiles; the last share takes the diagonal too
-        slots = tl.num_programs(0) // tl.maximum(tl.cdiv(q_len, BLOCK_Q), 1)
+    live = True
+    if SPLITS > 1:  # this share of the unmasked tiles; the last share takes the diagonal too, a dead one nothing
         used = tl.minimum(_num_splits(first_pos, BLOCK_N, SPLITS, MIN_TILES), slots)
-        if split >= used:
-            return
+        live = split < used
         n_tiles = full_end // BLOCK_N
         mid = split * n_tiles // used * BLOCK_N
-        hi = (split + 1) * n_tiles // used * BLOCK_N
+        hi = tl.where(live, (split + 1) * n_tiles // used * BLOCK_N, mid)
         kv_end = tl.where(split == used - 1, kv_end, full_end)
     acc, m_i, l_i = _attend_keys(
         acc,
@@ -368,20 +366,182 @@ def _paged_prefill_kernel(
     if FP8:
         out = out * v_scale
     out_ptrs = out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    if used > 1:  # a partial result and its log-sum-exp (log2); the share that arrives last merges them all
-        rows = (split * ws_rows + q_row) * num_heads + heads
-        tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], out, mask=r_ok[:, None])
-        tl.store(part_lse_ptr + rows, m_i + tl.log2(l_safe), mask=r_ok)
-        tl.debug_barrier()  # every thread's partials are issued before the release below
-        count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
-            out = _merge_shares(
-                part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
-            )
+    if live:
+        if used == 1:
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-            tl.store(count, 0)
+        else:  # a partial result and its log-sum-exp (log2); the share that arrives last merges them all
+            rows = (split * ws_rows + q_row) * num_heads + heads
+            tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], out, mask=r_ok[:, None])
+            tl.store(part_lse_ptr + rows, m_i + tl.log2(l_safe), mask=r_ok)
+            tl.debug_barrier()  # every thread's partials are issued before the release below
+            count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
+            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
+                out = _merge_shares(
+                    part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
+                )
+                tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+                tl.store(count, 0)
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    count_ptr,
+    batch,
+    ws_rows,
+    num_heads,
+    qk_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_cblk,
+    stride_coff,
+    stride_ch,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WORK_LIST: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    FP8: tl.constexpr,
+    SPLITS: tl.constexpr,
+    MIN_TILES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
+    kvh = tl.program_id(2)
+    if WORK_LIST:
+        # The step's work items, SPLITS a query tile of each chunk of two tokens or more, in sequence order;
+        # program p of a KV head takes items p, p + P, ... (P programs: the grid's first axis).
+        seq = tl.arange(0, BLOCK_B)
+        starts = tl.load(qsl_ptr + seq, mask=seq < batch, other=0)
+        lens = tl.load(qsl_ptr + seq + 1, mask=seq < batch, other=0) - starts
+        items = tl.where(lens > 1, tl.cdiv(lens, BLOCK_Q) * SPLITS, 0)
+        ends = tl.cumsum(items, 0)
+        for item in range(tl.program_id(0), tl.sum(items), tl.num_programs(0)):
+            b = tl.sum((ends <= item).to(tl.int32))
+            first = tl.sum(tl.where(seq < b, items, 0))
+            q_start = tl.load(qsl_ptr + b)
+            q_len = tl.load(qsl_ptr + b + 1) - q_start
+            n = tl.cdiv(q_len, BLOCK_Q)
+            _prefill_tile(
+                q_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                bt_ptr,
+                seq_lens_ptr,
+                out_ptr,
+                part_o_ptr,
+                part_lse_ptr,
+                count_ptr,
+                ws_rows,
+                num_heads,
+                qk_scale,
+                v_scale,
+                stride_qt,
+                stride_qh,
+                stride_ot,
+                stride_oh,
+                stride_bt,
+                stride_cblk,
+                stride_coff,
+                stride_ch,
+                b,
+                kvh,
+                q_start,
+                q_len,
+                (item - first) % n,
+                (item - first) // n,
+                SPLITS,
+                G,
+                G_PAD,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                BLOCK_M,
+                BLOCK_N,
+                UPCAST,
+                PRECISION,
+                WINDOW,
+                SOFT_CAP,
+                FP8,
+                SPLITS,
+                MIN_TILES,
+            )
     else:
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+        qt = tl.program_id(0)
+        b = tl.program_id(1)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        split = 0
+        slots = 1
+        if SPLITS > 1:  # slot qt of the grid's first axis is share qt // n of the chunk's tile qt % n
+            n = tl.maximum(tl.cdiv(q_len, BLOCK_Q), 1)
+            split = qt // n
+            qt = qt % n
+            slots = tl.num_programs(0) // n
+        if qt * BLOCK_Q >= q_len:
+            return
+        _prefill_tile(
+            q_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_ptr,
+            seq_lens_ptr,
+            out_ptr,
+            part_o_ptr,
+            part_lse_ptr,
+            count_ptr,
+            ws_rows,
+            num_heads,
+            qk_scale,
+            v_scale,
+            stride_qt,
+            stride_qh,
+            stride_ot,
+            stride_oh,
+            stride_bt,
+            stride_cblk,
+            stride_coff,
+            stride_ch,
+            b,
+            kvh,
+            q_start,
+            q_len,
+            qt,
+            split,
+            slots,
+            G,
+            G_PAD,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_M,
+            BLOCK_N,
+            UPCAST,
+            PRECISION,
+            WINDOW,
+            SOFT_CAP,
+            FP8,
+            SPLITS,
+            MIN_TILES,
+        )
 
 
 @triton.jit
@@ -473,7 +633,8 @@ def paged_prefill_attention(
     q_len positions of its seq_lens[b] keys. kv_cache [2, num_blocks, block_size, Hkv, D] (the new K/V already
     written); block_tables [B, max_blocks] int32; seq_lens [B] int32; query_start_loc [B + 1] int32;
     max_query_len: a host-side upper bound of the chunk lengths (sizes the grid). skip_decode: leave the rows
-    of sequences with one query token untouched (the decode kernel does them). Returns `out` (allocated like q
+    of sequences with one query token untouched (the decode kernel does them) and run the others' tiles as a
+    work list (a grid fixed by q's rows, not by max_query_len or B). Returns `out` (allocated like q
     if None); rows not covered by query_start_loc are not written. block_m .. maxnreg (registers per thread)
     override `default_prefill_config` (the tile sweep, `python -m heron.bench.kernels --prefill-only --sweep`).
     `sliding_window` W: each query sees its last W keys only; `soft_cap` c: scores s become c * tanh(s / c)
@@ -508,7 +669,6 @@ def paged_prefill_attention(
     assert block_n >= 16 and block_n & (block_n - 1) == 0
     block_q = block_m // g_pad
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    slots = triton.cdiv(max_query_len, block_q)  # the grid's first axis: one slot per query tile of the longest
     splits, part_o, part_lse, counts = 1, out, out, seq_lens
     if split_workspace is not None:
         part_o, part_lse, counts = split_workspace
@@ -517,9 +677,13 @@ def paged_prefill_attention(
         assert part_o.shape[2:] == (num_heads, head_dim) and part_o.shape[1] >= q.shape[0]
         assert part_lse.shape == part_o.shape[:3] and counts.shape == (part_o.shape[1], num_heads)
         assert part_o.is_contiguous() and part_lse.is_contiguous() and counts.is_contiguous()
-        if batch <= SPLIT_SLOTS_MAX_SEQS:
-            slots *= splits  # (a wide batch's shares take the slots its shorter chunks leave free)
-    _paged_prefill_kernel[(slots, batch, num_kv_heads)](
+    if skip_decode:  # the work list: a program per item of the tiles q's rows can fill (see the module's docstring)
+        programs = max(triton.cdiv(q.shape[0], block_q) * splits, triton.cdiv(2 * num_sms(q.device), num_kv_heads))
+        grid = (programs, 1, num_kv_heads)
+    else:  # one slot per query tile of the longest chunk; a narrow batch's tiles get `splits` slots each
+        slots = triton.cdiv(max_query_len, block_q) * (splits if batch <= SPLIT_SLOTS_MAX_SEQS else 1)
+        grid = (slots, batch, num_kv_heads)
+    _paged_prefill_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -530,6 +694,7 @@ def paged_prefill_attention(
         part_o,
         part_lse,
         counts,
+        batch,
         part_o.shape[1],
         num_heads,
         scale * LOG2E * (k_scale if fp8 else 1.0),
@@ -548,7 +713,8 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        SKIP_DECODE=skip_decode,
+        WORK_LIST=skip_decode,
+        BLOCK_B=triton.next_power_of_2(batch),
         UPCAST=dot_upcast(),
         PRECISION=dot_precision(q.dtype),
         WINDOW=sliding_window or 0,

@@ -286,32 +286,46 @@ def test_paged_prefill_split_keys(splits, cap):
 
 
 def test_paged_prefill_split_keys_in_a_wide_step():
-    """A step of more sequences than SPLIT_SLOTS_MAX_SEQS keeps its grid (one slot per query tile of its longest
-    chunk, 5 here): a 3-token chunk behind 200 cached tokens shares its keys 4 ways in the slots it leaves free;
-    the decode rows and the long fresh chunk are as without splits."""
+    """A prefill step of more sequences than SPLIT_SLOTS_MAX_SEQS keeps its grid (one slot per query tile of its
+    longest chunk, 5 here): a 3-token chunk behind 200 cached tokens shares its keys 4 ways in the slots it
+    leaves free; the one-token chunks and the long fresh chunk are as without splits."""
     seq_lens, q_lens = [40, 203, *[100 + i for i in range(16)]], [40, 3, *[1] * 16]
-    out, ws = _split_prefill(seq_lens, q_lens, 4)
+    out, ws = _split_prefill(seq_lens, q_lens, 4, skip_decode=False)
     assert torch.isfinite(ws[1][:, 40:43]).all(), "the short chunk's tile is split 4 ways"
     assert torch.isnan(ws[1][:, :40]).all(), "the fresh chunk's tiles ran whole"
 
 
-def _split_prefill(seq_lens: list[int], q_lens: list[int], splits: int, cap: float | None = None):
-    """The prefill kernel over this batch (GQA 4, 8-token query tiles, 16-key tiles, skip_decode, soft cap `cap`)
-    with a split workspace of `splits` shares, checked against the oracle and the unsplit kernel; returns (out,
-    workspace)."""
+def test_paged_prefill_work_list_with_more_items_than_programs():
+    """A mixed step of twelve 2-3 token chunks behind 60-200 cached tokens between decode rows: its work list
+    (a program per 8-token tile of the step's rows, times the shares: 5 x 4) has 12 x 4 items, so programs take
+    several, split 4 ways or run whole."""
+    seq_lens = [60 + 13 * i for i in range(12)] + [70] * 5
+    q_lens = [2 + i % 2 for i in range(12)] + [1] * 5
+    order = [0, 12, 1, 2, 13, 3, 4, 5, 14, 6, 7, 15, 8, 9, 10, 16, 11]  # decode rows between the chunks
+    out, ws = _split_prefill([seq_lens[i] for i in order], [q_lens[i] for i in order], 4)
+    assert torch.isfinite(ws[1][:, 32:35]).all(), "the last chunk (behind 200 keys) shares its keys 4 ways"
+    assert torch.isnan(ws[1][:, :2]).all(), "the first (behind 58) runs whole"
+
+
+def _split_prefill(
+    seq_lens: list[int], q_lens: list[int], splits: int, cap: float | None = None, skip_decode: bool = True
+):
+    """The prefill kernel over this batch (GQA 4, 8-token query tiles, 16-key tiles, soft cap `cap`) with a split
+    workspace of `splits` shares, checked against the oracle and the unsplit kernel (with skip_decode, the rows
+    of one-token sequences left alone); returns (out, workspace)."""
     gen = _gen(13)
     meta = make_batch(seq_lens, q_lens, 16, DEVICE, gen)
     cache = make_cache(meta.num_blocks, 16, 2, 64, torch.bfloat16, DEVICE, gen)
     q = torch.randn(meta.num_tokens, 8, 64, generator=gen).to(DEVICE, torch.bfloat16)
     args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, 0.125)
-    tiles = dict(skip_decode=True, block_m=32, block_n=16, soft_cap=cap)
+    tiles = dict(skip_decode=skip_decode, block_m=32, block_n=16, soft_cap=cap)
     whole = paged_prefill_attention(*args, out=_nan_like(q), **tiles)
     ws = make_split_workspace(splits, meta.num_tokens + 3, 8, 64, DEVICE)
     ws[0].fill_(float("nan")), ws[1].fill_(float("nan"))
     out = paged_prefill_attention(*args, out=_nan_like(q), split_workspace=ws, min_split_keys=32, **tiles)
     starts = meta.query_start_loc_cpu.tolist()
-    rows = [r for i, n in enumerate(q_lens) if n > 1 for r in range(starts[i], starts[i] + n)]
-    decode = [starts[i] for i, n in enumerate(q_lens) if n == 1]
+    rows = [r for i, n in enumerate(q_lens) if n > 1 or not skip_decode for r in range(starts[i], starts[i] + n)]
+    decode = [starts[i] for i, n in enumerate(q_lens) if n == 1 and skip_decode]
     want = paged_attention_ref(q.float(), cache.float(), meta, 0.125, soft_cap=cap)
     assert_close(out[rows], want[rows], torch.bfloat16, f"split {splits} vs oracle")
     assert_close(out[rows], whole[rows], torch.bfloat16, f"split {splits} vs whole")
