@@ -575,6 +575,7 @@ def _merge_shares(
     return acc / tl.where(den > 0, den, 1.0)[:, None]
 
 
+WORK_LIST_SEQS = 256  # a work list's programs scan at least this many sequences: one compiled variant for any step
 SPLIT_SLOTS_MAX_SEQS = 16  # steps of at most this many sequences get `splits` grid slots per query tile
 SplitWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # partial outputs, log-sum-exps, counters
 
@@ -714,7 +715,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         WORK_LIST=skip_decode,
-        BLOCK_B=triton.next_power_of_2(batch),
+        BLOCK_B=max(WORK_LIST_SEQS, triton.next_power_of_2(batch)),  # one variant up to 256 sequences
         UPCAST=dot_upcast(),
         PRECISION=dot_precision(q.dtype),
         WINDOW=sliding_window or 0,
