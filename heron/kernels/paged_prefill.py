@@ -30,7 +30,7 @@ first-axis slots: slot i of a chunk of n query tiles is share i // n of tile i %
 than SPLIT_SLOTS_MAX_SEQS sequences) keeps its grid, and its shorter chunks use the slots they leave free; a
 narrower one, and each tile of a work list, gets S slots a tile. How many share a tile is computed on the
 device from the step's data (`_num_splits`, the slots), so a CUDA graph replays any step, and a tile with a
-short prefix runs whole and writes its output itself (its other slots read and write nothing).
+short prefix runs whole and writes its output itself (the programs of its other slots return at once).
 
 With a sliding window (WINDOW, a constexpr: 0 compiles the variant above) row r sees keys (pos_r - WINDOW,
 pos_r]: tiles wholly before the tile's first row's window are never visited, the keys every row sees (from the
@@ -223,7 +223,7 @@ def _prefill_tile(
     q_len,
     qt,
     split,
-    slots,
+    used,
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -236,11 +236,9 @@ def _prefill_tile(
     SOFT_CAP: tl.constexpr,
     FP8: tl.constexpr,
     SPLITS: tl.constexpr,
-    MIN_TILES: tl.constexpr,
 ):
-    """Query tile qt of sequence b (its chunk: q_len rows from q_start) times KV head kvh's G query heads; with
-    SPLITS, share `split` of the `slots` the tile may spread its unmasked keys over (a share past the ones its
-    keys use reads nothing and writes nothing)."""
+    """Query tile qt of sequence b (its chunk: q_len rows from q_start) times KV head kvh's G query heads: share
+    `split` of the `used` (`_tile_shares`) that spread its unmasked keys, the whole tile where used is 1."""
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len
@@ -301,14 +299,10 @@ def _prefill_tile(
     else:
         mid = 0
     hi = full_end
-    used = 1
-    live = True
-    if SPLITS > 1:  # this share of the unmasked tiles; the last share takes the diagonal too, a dead one nothing
-        used = tl.minimum(_num_splits(first_pos, BLOCK_N, SPLITS, MIN_TILES), slots)
-        live = split < used
+    if SPLITS > 1:  # this program's share of the unmasked tiles; the last share takes the diagonal too
         n_tiles = full_end // BLOCK_N
         mid = split * n_tiles // used * BLOCK_N
-        hi = tl.where(live, (split + 1) * n_tiles // used * BLOCK_N, mid)
+        hi = (split + 1) * n_tiles // used * BLOCK_N
         kv_end = tl.where(split == used - 1, kv_end, full_end)
     acc, m_i, l_i = _attend_keys(
         acc,
@@ -366,21 +360,41 @@ def _prefill_tile(
     if FP8:
         out = out * v_scale
     out_ptrs = out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    if live:
-        if used == 1:
+    if used > 1:  # a partial result and its log-sum-exp (log2); the share that arrives last merges them all
+        rows = (split * ws_rows + q_row) * num_heads + heads
+        tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], out, mask=r_ok[:, None])
+        tl.store(part_lse_ptr + rows, m_i + tl.log2(l_safe), mask=r_ok)
+        tl.debug_barrier()  # every thread's partials are issued before the release below
+        count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
+            out = _merge_shares(
+                part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
+            )
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-        else:  # a partial result and its log-sum-exp (log2); the share that arrives last merges them all
-            rows = (split * ws_rows + q_row) * num_heads + heads
-            tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + d[None, :], out, mask=r_ok[:, None])
-            tl.store(part_lse_ptr + rows, m_i + tl.log2(l_safe), mask=r_ok)
-            tl.debug_barrier()  # every thread's partials are issued before the release below
-            count = count_ptr + (q_start + qt * BLOCK_Q) * num_heads + kvh
-            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == used - 1:
-                out = _merge_shares(
-                    part_o_ptr, part_lse_ptr, ws_rows, num_heads, q_row, heads, r_ok, used, HEAD_DIM, SPLITS
-                )
-                tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-                tl.store(count, 0)
+            tl.store(count, 0)
+    else:
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+
+@triton.jit
+def _tile_shares(
+    seq_lens_ptr,
+    b,
+    q_len,
+    qt,
+    slots,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    MIN_TILES: tl.constexpr,
+):
+    """How many of its `slots` programs share tile qt of sequence b's chunk (`_num_splits` of its first query
+    position; 1 without SPLITS). The programs in the slots past them have nothing to do."""
+    if SPLITS > 1:
+        first_pos = tl.load(seq_lens_ptr + b) - q_len + qt * BLOCK_Q
+        return tl.minimum(_num_splits(first_pos, BLOCK_N, SPLITS, MIN_TILES), slots)
+    else:
+        return 1
 
 
 @triton.jit
@@ -442,49 +456,52 @@ def _paged_prefill_kernel(
             q_start = tl.load(qsl_ptr + b)
             q_len = tl.load(qsl_ptr + b + 1) - q_start
             n = tl.cdiv(q_len, BLOCK_Q)
-            _prefill_tile(
-                q_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                bt_ptr,
-                seq_lens_ptr,
-                out_ptr,
-                part_o_ptr,
-                part_lse_ptr,
-                count_ptr,
-                ws_rows,
-                num_heads,
-                qk_scale,
-                v_scale,
-                stride_qt,
-                stride_qh,
-                stride_ot,
-                stride_oh,
-                stride_bt,
-                stride_cblk,
-                stride_coff,
-                stride_ch,
-                b,
-                kvh,
-                q_start,
-                q_len,
-                (item - first) % n,
-                (item - first) // n,
-                SPLITS,
-                G,
-                G_PAD,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                BLOCK_M,
-                BLOCK_N,
-                UPCAST,
-                PRECISION,
-                WINDOW,
-                SOFT_CAP,
-                FP8,
-                SPLITS,
-                MIN_TILES,
-            )
+            qt = (item - first) % n
+            split = (item - first) // n
+            used = _tile_shares(seq_lens_ptr, b, q_len, qt, SPLITS, BLOCK_Q, BLOCK_N, SPLITS, MIN_TILES)
+            if split < used:
+                _prefill_tile(
+                    q_ptr,
+                    k_cache_ptr,
+                    v_cache_ptr,
+                    bt_ptr,
+                    seq_lens_ptr,
+                    out_ptr,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    count_ptr,
+                    ws_rows,
+                    num_heads,
+                    qk_scale,
+                    v_scale,
+                    stride_qt,
+                    stride_qh,
+                    stride_ot,
+                    stride_oh,
+                    stride_bt,
+                    stride_cblk,
+                    stride_coff,
+                    stride_ch,
+                    b,
+                    kvh,
+                    q_start,
+                    q_len,
+                    qt,
+                    split,
+                    used,
+                    G,
+                    G_PAD,
+                    HEAD_DIM,
+                    BLOCK_SIZE,
+                    BLOCK_M,
+                    BLOCK_N,
+                    UPCAST,
+                    PRECISION,
+                    WINDOW,
+                    SOFT_CAP,
+                    FP8,
+                    SPLITS,
+                )
     else:
         qt = tl.program_id(0)
         b = tl.program_id(1)
@@ -498,6 +515,9 @@ def _paged_prefill_kernel(
             qt = qt % n
             slots = tl.num_programs(0) // n
         if qt * BLOCK_Q >= q_len:
+            return
+        used = _tile_shares(seq_lens_ptr, b, q_len, qt, slots, BLOCK_Q, BLOCK_N, SPLITS, MIN_TILES)
+        if split >= used:
             return
         _prefill_tile(
             q_ptr,
@@ -527,7 +547,7 @@ def _paged_prefill_kernel(
             q_len,
             qt,
             split,
-            slots,
+            used,
             G,
             G_PAD,
             HEAD_DIM,
@@ -540,7 +560,6 @@ def _paged_prefill_kernel(
             SOFT_CAP,
             FP8,
             SPLITS,
-            MIN_TILES,
         )
 
 
