@@ -46,7 +46,8 @@ the previous loop (table read in the same iteration, scale then subtract, 2 stag
 kernels benchmark's prefill, 1.06-1.09 x on fresh 512-token prompts (H200, docs/history/perf_notes.md run 14; a
 lazy rescale of the accumulator and a longest-first launch order were slower there).
 
-Length: one kernel, its key-split merge and their host side; the loops and the online softmax are shared.
+Length: one kernel (its two grids: per sequence, or a work list), its key-split merge and their host side; the
+loops, the online softmax and the tile's code are shared (the two grids call `_prefill_tile` each).
 """
 
 from __future__ import annotations
