@@ -12,7 +12,7 @@ past their sequence's chunk (the grid is sized by the longest chunk) return at o
 
 Work list (`skip_decode`, a mixed step's prompt chunks beside decode rows, which the decode kernel does): the
 grid is (P, 1, Hkv) instead, and each program of a KV head takes every P-th item of the step's work, which it
-lists itself from query_start_loc (a cumulative sum over the B sequences' item counts, then a search per item):
+lists itself from query_start_loc (a cumulative sum over the B sequences' item counts, WORK_LIST_SEQS at a time):
 the query tiles of the chunks of two tokens or more, each in `splits` share slots. P fits the tiles of q's rows
 (the step's tokens, or its graph's). A replayed mixed graph of 256 sequence slots and 896 token rows thus
 launches a few hundred programs where the (tile rows, B, Hkv) grid launched ~28,000, nearly all of them decode
@@ -399,6 +399,16 @@ def _tile_shares(
 
 
 @triton.jit
+def _work_items(qsl_ptr, c, batch, BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr, SPLITS: tl.constexpr):
+    """The work items of sequences c .. c + BLOCK_B - 1: SPLITS a query tile for a chunk of two tokens or more,
+    none for a decode row (the decode kernel's) or a sequence past the batch."""
+    seq = c + tl.arange(0, BLOCK_B)
+    starts = tl.load(qsl_ptr + seq, mask=seq < batch, other=0)
+    lens = tl.load(qsl_ptr + seq + 1, mask=seq < batch, other=0) - starts
+    return tl.where(lens > 1, tl.cdiv(lens, BLOCK_Q) * SPLITS, 0)
+
+
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -446,14 +456,20 @@ def _paged_prefill_kernel(
     if WORK_LIST:
         # The step's work items, SPLITS a query tile of each chunk of two tokens or more, in sequence order;
         # program p of a KV head takes items p, p + P, ... (P programs: the grid's first axis).
-        seq = tl.arange(0, BLOCK_B)
-        starts = tl.load(qsl_ptr + seq, mask=seq < batch, other=0)
-        lens = tl.load(qsl_ptr + seq + 1, mask=seq < batch, other=0) - starts
-        items = tl.where(lens > 1, tl.cdiv(lens, BLOCK_Q) * SPLITS, 0)
-        ends = tl.cumsum(items, 0)
-        for item in range(tl.program_id(0), tl.sum(items), tl.num_programs(0)):
-            b = tl.sum((ends <= item).to(tl.int32))
-            first = tl.sum(tl.where(seq < b, items, 0))
+        total = 0
+        for c in range(0, batch, BLOCK_B):
+            total += tl.sum(_work_items(qsl_ptr, c, batch, BLOCK_B, BLOCK_Q, SPLITS))
+        for item in range(tl.program_id(0), total, tl.num_programs(0)):
+            # its sequence b: the first whose items end past it; `first`, the items of those before b
+            b = 0
+            first = 0
+            done = 0
+            for c in range(0, batch, BLOCK_B):
+                items = _work_items(qsl_ptr, c, batch, BLOCK_B, BLOCK_Q, SPLITS)
+                before = tl.cumsum(items, 0) + done <= item
+                b += tl.sum(before.to(tl.int32))
+                first += tl.sum(tl.where(before, items, 0))
+                done += tl.sum(items)
             q_start = tl.load(qsl_ptr + b)
             q_len = tl.load(qsl_ptr + b + 1) - q_start
             n = tl.cdiv(q_len, BLOCK_Q)
@@ -595,7 +611,7 @@ def _merge_shares(
     return acc / tl.where(den > 0, den, 1.0)[:, None]
 
 
-WORK_LIST_SEQS = 256  # a work list's programs scan at least this many sequences: one compiled variant for any step
+WORK_LIST_SEQS = 256  # the sequences a work list's programs scan at a time (a constant: one compiled variant)
 SPLIT_SLOTS_MAX_SEQS = 16  # steps of at most this many sequences get `splits` grid slots per query tile
 SplitWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # partial outputs, log-sum-exps, counters
 
@@ -735,7 +751,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         WORK_LIST=skip_decode,
-        BLOCK_B=max(WORK_LIST_SEQS, triton.next_power_of_2(batch)),  # one variant up to 256 sequences
+        BLOCK_B=WORK_LIST_SEQS,
         UPCAST=dot_upcast(),
         PRECISION=dot_precision(q.dtype),
         WINDOW=sliding_window or 0,
