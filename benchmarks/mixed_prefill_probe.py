@@ -1,12 +1,12 @@
 """The prefill kernel in a mixed step (issue 26's prefix workload): 252 decode rows beside 4 new prompts' chunks of
 150 tokens, each over a 2,000-token cached prefix, Qwen3-0.6B's heads (16 / 8) and Qwen3-8B's (32 / 8), D 128,
-bf16. The kernel's grid is (query tile slots, sequences, KV heads) and its programs for decode rows exit at once;
-a replayed mixed graph sizes the slots by its token count (896 here), not by the longest chunk. Timed three ways:
+bf16. A mixed step runs the kernel over a work list of the chunks' query tiles (skip_decode), in a grid fixed by
+q's rows (896 here, a mixed graph's). Timed three ways:
   graph    as a mixed graph launches it: max_query_len = the graph's tokens, all 256 sequences;
-  eager    max_query_len = the longest chunk (150), all 256 sequences;
-  compact  the 4 chunks' sequences alone (a grid over the step's chunks, which no path builds today).
-The H200 profile put the prefill kernel at 138 us a layer in such steps (29.6% of them; 0.6B) where its work, 4
-chunks' queries over ~2,150 keys, is ~10 us of matmul: this measures how much of that is the empty programs.
+  eager    max_query_len = the longest chunk (150), all 256 sequences (the work list ignores it: as graph);
+  compact  the 4 chunks' sequences alone, in the per-sequence grid (no decode row: no work list).
+Before the work list the grid had a program per (query tile row, sequence slot, KV head), ~28,000 of them as a
+graph launched it, and the graph way took 130.6 us against compact's 82.1 (H100, 0.6B's heads, session 24).
 
     python benchmarks/mixed_prefill_probe.py
 """
