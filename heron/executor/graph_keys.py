@@ -6,8 +6,8 @@ attention grids cover, so a step runs in a graph by being padded to its key.
 - Small-step graphs (T, S, T): any step that is not a decode, of at most T tokens and S sequences (prefill
   chunks, and chunks beside a few decode rows). T in 16, 32, ..., 512 and the step cap under 512; S = min(T - 1,
   8, max_num_seqs): a step with a chunk of two tokens or more has at most T - 1 sequences, so S < T and the
-  keys never meet a decode graph's. The cap on S bounds the attention programs a small step wastes (both
-  kernels' grids have one row of programs per sequence slot; empty slots exit at once).
+  keys never meet a decode graph's. The cap on S bounds the attention programs a small step wastes (the decode
+  kernel's grid has a row of programs per sequence slot; empty slots exit at once).
 - Mixed graphs (T, N, T), N = min(T - 1, max_num_seqs): decode rows beside new prompts, the steady state of a
   job of many short requests (each step admits a few prompts in the places of finished sequences). N holds any
   step of T tokens, and no more slots than it can have: at 1,024 seats a step of 300 tokens pads to a graph
