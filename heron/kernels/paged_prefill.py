@@ -408,7 +408,7 @@ def _work_items(qsl_ptr, c, batch, BLOCK_B: tl.constexpr, BLOCK_Q: tl.constexpr,
     return tl.where(lens > 1, tl.cdiv(lens, BLOCK_Q) * SPLITS, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])  # one binary for any sequence count (else a new count compiled mid-job)
 def _paged_prefill_kernel(
     q_ptr,
     k_cache_ptr,
