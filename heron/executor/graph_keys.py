@@ -12,10 +12,11 @@ attention grids cover, so a step runs in a graph by being padded to its key.
   job of many short requests (each step admits a few prompts in the places of finished sequences). N holds any
   step of T tokens, and no more slots than it can have: at 1,024 seats a step of 300 tokens pads to a graph
   of 319 sequence slots, not 1,024. Such a step run eagerly is bound by its ~10 kernel launches a layer from
-  Python (~30 ms for Qwen3-0.6B on the H200, against ~3 ms replayed). T in steps of 64 tokens to 512, of 128
-  to 1024, of 256 to 2048 (padding costs at most a quarter more matmul rows); Q = T: the prefill kernel's work
-  list in such a step is sized by its token rows alone (heron/kernels/paged_prefill.py), so one graph serves
-  chunks of any length.
+  Python (~30 ms for Qwen3-0.6B on the H200, against ~3 ms replayed), and so is a prefill step of 8,192 tokens
+  (44.7 ms a step for 32.7 of kernels, the prefix workload's first steps on the H200). T in steps of 64 tokens
+  to 512, of 128 to 1024, of 256 to 2048, of 512 to 4096, of 1024 to 8192 (padding costs at most a quarter
+  more matmul rows); Q = T: the prefill kernel's work list in such a step is sized by its token rows alone
+  (heron/kernels/paged_prefill.py), so one graph serves chunks of any length.
 Anything larger runs eagerly (each graph costs capture time at start-up and memory in the graphs' pool).
 """
 
@@ -25,7 +26,8 @@ GraphKey = tuple[int, int, int]  # (num_tokens, num_seqs, max_query_len) of a ca
 
 PREFILL_TOKENS = (16, 32, 64, 128, 256, 512)
 PREFILL_MAX_SEQS = 8
-MIXED_TOKENS = (*range(64, 513, 64), *range(640, 1025, 128), *range(1280, 2049, 256))
+MIXED_TOKENS = (*range(64, 513, 64), *range(640, 1025, 128), *range(1280, 2049, 256), *range(2560, 4097, 512))
+MIXED_TOKENS += tuple(range(5120, 8193, 1024))
 
 
 def is_decode(key: GraphKey) -> bool:

@@ -13,7 +13,7 @@ def test_default_limits():
     assert keys.prefill == [(16, 8, 16), (32, 8, 32), (64, 8, 64), (128, 8, 128), (256, 8, 256), (512, 8, 512)]
     assert keys.mixed == [(t, min(t - 1, 256), t) for t in MIXED_TOKENS]
     every = keys.all()
-    assert every == sorted(every, reverse=True) and every[0] == (2048, 256, 2048) and every[-1] == (1, 1, 1)
+    assert every == sorted(every, reverse=True) and every[0] == (8192, 256, 8192) and every[-1] == (1, 1, 1)
     assert len(every) == len(set(every)) == len(keys.decode_sizes) + len(keys.prefill) + len(keys.mixed)
     assert not any(is_decode(k) for k in keys.prefill + keys.mixed)
 
@@ -47,7 +47,10 @@ def test_many_sequences_take_a_mixed_graph():
     assert keys.for_step(500, 256, decode=False, max_query_len=300) == (512, 256, 512)  # any chunk
     assert keys.for_step(513, 250, decode=False, max_query_len=64) == (640, 256, 640)
     assert keys.for_step(2048, 200, decode=False, max_query_len=1800) == (2048, 256, 2048)
-    assert keys.for_step(2049, 1, decode=False, max_query_len=2049) is None  # over the largest bucket: eager
+    assert keys.for_step(2049, 1, decode=False, max_query_len=2049) == (2560, 256, 2560)  # a prefill step
+    assert keys.for_step(8192, 60, decode=False, max_query_len=200) == (8192, 256, 8192)
+    big = GraphKeys.plan(256, 16384, prefill=True)
+    assert big.for_step(8193, 1, decode=False, max_query_len=8193) is None  # over the largest bucket: eager
 
 
 def test_mixed_graphs_span_no_more_slots_than_their_tokens_allow():
