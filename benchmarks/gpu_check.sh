@@ -182,7 +182,7 @@ for s in $SECTIONS; do case $s in
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
   seats)  # issue 26: the prefix workload (0.6B) and 20,000 short requests at each --max-num-seqs of SEATS, interleaved
-    # (vLLM's default on a GPU of 70 GiB or more is 1,024, nano-vllm's 512, Heron's 256); SEATS_WORKLOADS picks
+    # (on a GPU of 70 GiB or more: vLLM's default 1,024, nano-vllm's and Heron's 512); SEATS_WORKLOADS picks
     P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
        --output-len-range 64,256)
     for w in ${SEATS_WORKLOADS:-prefix many}; do

@@ -27,7 +27,6 @@ from heron.bench.report import finish, format_table
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
-    parser.set_defaults(max_num_seqs=None)  # --batch-size: 8 with --prefill, else the engine's default
     w = parser.add_argument_group("workload")
     w.add_argument(
         "--prefill",
@@ -65,10 +64,8 @@ def fill_workload_defaults(args: argparse.Namespace) -> None:
         )
     if args.num_iters < 1:
         raise ValueError(f"--num-iters must be at least 1, got {args.num_iters}.")
-    if args.max_num_seqs is None:
-        from heron.config import SchedulerConfig  # torch: not at the top, which `heron --help` imports
-
-        args.max_num_seqs = 8 if args.prefill else SchedulerConfig.max_num_seqs
+    if args.max_num_seqs is None and args.prefill:
+        args.max_num_seqs = 8
     if args.input_len is None:
         args.input_len = 2048 if args.prefill else 128
     if args.output_len is None and not args.prefill:

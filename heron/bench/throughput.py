@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict:
     llm = make_llm(args)
     if args.structured_output:
         return _run_structured(args, llm, requests, device)
-    batch = args.max_num_seqs
+    batch = llm.engine.config.scheduler.max_num_seqs
     monitor = maybe_monitor(args.gpu_monitor)
     with monitor or contextlib.nullcontext():
         seconds, out_tokens = time_heron(llm, requests, args.temperature, progress=not args.disable_tqdm)

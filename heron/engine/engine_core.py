@@ -64,7 +64,7 @@ def run_engine_core(
             engine.tokenizer,
             engine.generation_defaults,
             engine.model_cfg.vocab_size,
-            config.scheduler.max_num_seqs,
+            engine.config.scheduler.max_num_seqs,
             config.model.runner,
             engine.get_stats().num_gpu_blocks,
         )

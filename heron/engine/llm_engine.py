@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from heron.config import EngineConfig, resolve_device
+from heron.config import EngineConfig, default_max_num_seqs, resolve_device
 from heron.distributed import get_tp_world_size
 from heron.engine import beam_search, pooling
 from heron.engine.block_manager import BlockManager
@@ -83,6 +83,8 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(config.model.max_model_len)
         sched = config.scheduler
         sched.max_model_len = self.max_model_len
+        if sched.max_num_seqs is None:
+            sched.max_num_seqs = default_max_num_seqs(self.device)
         if sched.max_num_batched_tokens is None:
             sched.max_num_batched_tokens = max(8192 if self.device.type == "cuda" else 2048, sched.max_num_seqs)
         # Every layer sliding (Mistral): a sequence holds only its window's blocks (see BlockManager).

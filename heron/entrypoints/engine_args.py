@@ -63,8 +63,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--max-num-seqs",
         "--batch-size",
         type=int,
-        default=256,
-        help="sequences in one batch at most (--batch-size: the benchmarks' name for it)",
+        default=None,
+        help="sequences in one batch at most (default: 512 on a GPU of 70 GiB or more other than an A100, else 256; "
+        "--batch-size: the benchmarks' name for it)",
     )
     g.add_argument(
         "--max-num-batched-tokens",

@@ -92,7 +92,7 @@ def test_workload_defaults_follow_the_mode():
     args = _args(["--prefill"])
     assert (args.max_num_seqs, args.input_len, args.output_len) == (8, 2048, None)
     args = _args([])
-    assert (args.max_num_seqs, args.input_len, args.output_len) == (256, 128, 256)
+    assert (args.max_num_seqs, args.input_len, args.output_len) == (None, 128, 256)  # None: the engine's, by device
     assert _args(["--batch-size", "4", "--input-len", "16"]).max_num_seqs == 4
     with pytest.raises(ValueError, match="--output-len"):
         _args(["--prefill", "--output-len", "8"])
