@@ -8,12 +8,13 @@ attention grids cover, so a step runs in a graph by being padded to its key.
   8, max_num_seqs): a step with a chunk of two tokens or more has at most T - 1 sequences, so S < T and the
   keys never meet a decode graph's. The cap on S bounds the attention programs a small step wastes (both
   kernels' grids have one row of programs per sequence slot; empty slots exit at once).
-- Mixed graphs (T, N, Q), N = max_num_seqs: a full batch of decode rows beside new prompts, the steady state of
-  a job of many short requests (each step admits a few prompts in the places of finished sequences). Such a
-  step run eagerly is bound by its ~10 kernel launches a layer from Python (~30 ms for Qwen3-0.6B on the
-  H200, against ~3 ms replayed). T in steps of 64 tokens to 512, of 128 to 1024, of 256 to 2048 (padding
-  costs at most a quarter more matmul rows); Q, the prefill kernel's query tiles per sequence, either
-  MIXED_SHORT_QUERY (short prompts: one tile row a sequence) or T (any chunk).
+- Mixed graphs (T, N, Q), N = min(T - 1, max_num_seqs): decode rows beside new prompts, the steady state of a
+  job of many short requests (each step admits a few prompts in the places of finished sequences). N holds any
+  step of T tokens, and no more slots than it can have: at 1,024 seats a step of 300 tokens pads to a graph
+  of 319 sequence slots, not 1,024. Such a step run eagerly is bound by its ~10 kernel launches a layer from
+  Python (~30 ms for Qwen3-0.6B on the H200, against ~3 ms replayed). T in steps of 64 tokens to 512, of 128
+  to 1024, of 256 to 2048 (padding costs at most a quarter more matmul rows); Q, the prefill kernel's query
+  tiles per sequence, either MIXED_SHORT_QUERY (short prompts: one tile row a sequence) or T (any chunk).
 Anything larger runs eagerly (each graph costs capture time at start-up and memory in the graphs' pool).
 """
 
@@ -56,11 +57,11 @@ class GraphKeys:
             if seqs >= 1:
                 small.append((tokens, seqs, tokens))
         mixed = set()
-        if max_num_seqs > PREFILL_MAX_SEQS:
-            cap = min(max_num_batched_tokens, MIXED_TOKENS[-1])
-            for tokens in {t for t in MIXED_TOKENS if t < cap} | {cap}:
-                if tokens > max_num_seqs:
-                    mixed.update((tokens, max_num_seqs, q) for q in (min(MIXED_SHORT_QUERY, tokens), tokens))
+        cap = min(max_num_batched_tokens, MIXED_TOKENS[-1])
+        for tokens in {t for t in MIXED_TOKENS if t < cap} | {cap}:
+            seqs = min(tokens - 1, max_num_seqs)
+            if seqs > PREFILL_MAX_SEQS:
+                mixed.update((tokens, seqs, q) for q in (min(MIXED_SHORT_QUERY, tokens), tokens))
         return cls(sorted(decode), small, sorted(mixed))
 
     def all(self) -> list[GraphKey]:

@@ -277,8 +277,8 @@ class ModelRunner:
         has a one-row and a many-row kernel), and the sampling kernel at as many row counts (its split plan
         depends on them), with and without a logit threshold; structured outputs' token mask once (one variant
         for any row count). With cascade attention, the mixed step again with the cascade kernels, its prompt a
-        block long (past the rows below which launches skip PDL, as an eager step's): the mixed graphs hold
-        max_num_seqs rows, one partition count, and a larger mixed step run eagerly with fewer sequences would
+        block long (past the rows below which launches skip PDL, as an eager step's): a mixed graph's slot
+        count compiles at its capture, and a larger mixed step run eagerly with another count of sequences would
         compile its own in the middle of a job. (What a captured graph's step picks compiles in
         capture_cuda_graphs' eager runs, at start-up too.)"""
         if self.device.type != "cuda":

@@ -11,8 +11,7 @@ def test_default_limits():
     keys = GraphKeys.plan(max_num_seqs=256, max_num_batched_tokens=8192, prefill=True)
     assert keys.decode_sizes == [1, 2, 4, *range(8, 257, 8)]
     assert keys.prefill == [(16, 8, 16), (32, 8, 32), (64, 8, 64), (128, 8, 128), (256, 8, 256), (512, 8, 512)]
-    tokens = [t for t in MIXED_TOKENS if t > 256]
-    assert keys.mixed == sorted([(t, 256, 64) for t in tokens] + [(t, 256, t) for t in tokens])
+    assert keys.mixed == sorted({(t, min(t - 1, 256), q) for t in MIXED_TOKENS for q in (64, t)})
     every = keys.all()
     assert every == sorted(every, reverse=True) and every[0] == (2048, 256, 2048) and every[-1] == (1, 1, 1)
     assert len(every) == len(set(every)) == len(keys.decode_sizes) + len(keys.prefill) + len(keys.mixed)
@@ -42,7 +41,8 @@ def test_small_steps_take_the_smallest_bucket_that_holds_them():
 def test_many_sequences_take_a_mixed_graph():
     """The steady state of many short requests: a full batch of decode rows beside a few new prompts."""
     keys = GraphKeys.plan(256, 8192, prefill=True)
-    assert keys.for_step(40, 9, decode=False, max_query_len=32) == (320, 256, 64)
+    assert keys.for_step(40, 9, decode=False, max_query_len=32) == (64, 63, 64)
+    assert keys.for_step(300, 256, decode=False, max_query_len=40) == (320, 256, 64)
     assert keys.for_step(500, 256, decode=False, max_query_len=40) == (512, 256, 64)
     assert keys.for_step(500, 256, decode=False, max_query_len=65) == (512, 256, 512)  # a longer chunk
     assert keys.for_step(513, 250, decode=False, max_query_len=64) == (640, 256, 64)
@@ -50,12 +50,25 @@ def test_many_sequences_take_a_mixed_graph():
     assert keys.for_step(2049, 1, decode=False, max_query_len=2049) is None  # over the largest bucket: eager
 
 
+def test_mixed_graphs_span_no_more_slots_than_their_tokens_allow():
+    """At 1,024 seats a mixed step of a few hundred tokens pads to a graph of a few hundred sequence slots (the
+    attention grids have a row of programs per slot), and a full batch beside new prompts to all 1,024."""
+    keys = GraphKeys.plan(1024, 8192, prefill=True)
+    assert keys.for_step(300, 250, decode=False, max_query_len=40) == (320, 319, 64)
+    assert keys.for_step(1100, 1024, decode=False, max_query_len=40) == (1280, 1024, 64)
+    assert keys.for_step(1024, 1000, decode=False, max_query_len=25) == (1024, 1023, 64)
+    assert keys.for_step(1025, 1024, decode=False, max_query_len=2) == (1280, 1024, 64)
+    assert all(seqs <= min(tokens - 1, 1024) for tokens, seqs, _ in keys.mixed)
+
+
 def test_small_max_num_batched_tokens_is_the_last_bucket():
     keys = GraphKeys.plan(256, 100, prefill=True)
-    assert keys.prefill == [(16, 8, 16), (32, 8, 32), (64, 8, 64), (100, 8, 100)] and keys.mixed == []
+    assert keys.prefill == [(16, 8, 16), (32, 8, 32), (64, 8, 64), (100, 8, 100)]
+    assert keys.mixed == [(64, 63, 64), (100, 99, 64), (100, 99, 100)]
     assert keys.for_step(65, 2, decode=False, max_query_len=60) == (100, 8, 100)
     assert keys.for_step(100, 2, decode=False, max_query_len=99) == (100, 8, 100)
-    assert keys.for_step(40, 9, decode=False, max_query_len=32) is None  # no mixed graph under 256 + 1 tokens
+    assert keys.for_step(40, 9, decode=False, max_query_len=32) == (64, 63, 64)
+    assert keys.for_step(101, 9, decode=False, max_query_len=32) is None  # over the step cap: eager
     assert GraphKeys.plan(256, 600, prefill=True).prefill[-1] == (512, 8, 512)
     assert GraphKeys.plan(256, 600, prefill=True).mixed[-1] == (600, 256, 600)
     assert GraphKeys.plan(256, 512, prefill=True).prefill[-1] == (512, 8, 512)
