@@ -31,7 +31,7 @@ def default_max_num_seqs(device: torch.device) -> int:
     elsewhere. A step reads the weights and a shared prompt's K/V once for all its rows, so more rows a step
     pay where memory holds their KV: on an H100, 512 ran a job of 16 long system prompts x 32 requests 1.38x
     faster than 256, and 20,000 short requests 1.15x; vLLM's 1,024 ran the short requests 0.8x as fast as 256
-    (a step's host work grows with its rows; BENCHMARKS.md)."""
+    (BENCHMARKS.md; their steps then reach ~2,000 tokens, the largest mixed CUDA graph's size)."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         if props.total_memory >= 70 * 2**30 and "A100" not in props.name:
