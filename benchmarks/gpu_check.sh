@@ -181,18 +181,6 @@ for s in $SECTIONS; do case $s in
         --save-result --result-name offline-qwen3-0.6b
     run offline-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy \
         --save-result --result-name offline-qwen3-8b --max-model-len 4096 ;;
-  seats)  # issue 26: the prefix workload (0.6B) and 20,000 short requests at each --max-num-seqs of SEATS, interleaved
-    # (on a GPU of 70 GiB or more: vLLM's default 1,024, nano-vllm's and Heron's 512); SEATS_WORKLOADS picks
-    P=(--num-prompts 512 --shared-prefix-len 2000 --num-shared-prefixes 16 --input-len-range 50,200
-       --output-len-range 64,256)
-    for w in ${SEATS_WORKLOADS:-prefix many}; do
-      A=("${P[@]}"); [ "$w" = many ] && A=(--num-prompts 20000 --input-len-range 16,64 --output-len-range 16,64 --no-limit)
-      for n in ${SEATS:-256 512 1024}; do
-        run seats-$w-$n heron bench throughput --model /tmp/shapes/qwen3-0.6b --load-format dummy --max-model-len 4096 \
-            --max-num-seqs "$n" "${A[@]}" ${SEATS_ARGS:-}
-      done
-    done
-    grep -aH "^| Heron" "$LOGS"/seats-*.log ;;
   cascade-tests)  # issue 26: the cascade kernels against the plain decode kernel (tiny and production shapes), and
     # greedy engine outputs with cascade on = off (decode graphs captured with the cascade kernels)
     run cascade-tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cascade.py ;;
