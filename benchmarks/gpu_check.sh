@@ -256,19 +256,21 @@ for s in $SECTIONS; do case $s in
     run flashinfer-tests timeout 480 python3 -m pytest -q -p no:cacheprovider \
         tests/attention/test_flashinfer_backend.py
     fi_cache_save "$OUT" ;;
-  serve|serve-no-sweep)  # issue 5: served vs offline throughput on the same requests, then a rate sweep
+  serve|serve-no-sweep)  # issue 5: served vs offline throughput on the same requests, then a rate sweep;
+    # SERVE_ARGS adds engine flags to both (SERVE_ARGS="--max-num-seqs 256")
     M=/tmp/shapes/qwen3-0.6b; W=(--random-input-len 100,1024 --random-output-len 100,1024 --num-prompts 256
                                 --seed 0 --ignore-eos --temperature 0.6 --tokenizer $M)
-    run serve-offline heron bench throughput --model $M --load-format dummy --max-model-len 4096 \
+    run serve-offline heron bench throughput --model $M --load-format dummy --max-model-len 4096 ${SERVE_ARGS:-} \
         --save-result --result-name serve-qwen3-0.6b-offline
-    python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8011 \
+    python3 -m heron.entrypoints.cli serve $M --load-format dummy --max-model-len 4096 --port 8011 ${SERVE_ARGS:-} \
         > "$LOGS/serve-server.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 300); do  # until healthy, or the server has exited
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health')" 2>/dev/null && break
       kill -0 $SERVER 2>/dev/null || break; sleep 1; done
+    # the offline record just written (an H100's has the suffix -h100: name_by_gpu.py)
     run serve-inf heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" --request-rate inf \
-        --disable-tqdm --offline-result benchmarks/results/serve-qwen3-0.6b-offline.json \
+        --disable-tqdm --offline-result "$(ls -t benchmarks/results/serve-qwen3-0.6b-offline*.json | head -1)" \
         --label serve-qwen3-0.6b --save-result
     [ "$s" = serve ] && run serve-sweep heron bench serve --base-url http://127.0.0.1:8011/v1 "${W[@]}" \
         --request-rate 8,32,inf --disable-tqdm --label serve-qwen3-0.6b --save-result --gpu-monitor

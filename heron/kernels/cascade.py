@@ -10,8 +10,9 @@ partial result, normalised output and log2-domain log-sum-exp (-inf for an empty
 the decode kernel (paged_decode.py, `kv_start` / `prefix`) then attends each member's own suffix and merges
 these partials into its output with the log-sum-exp weights, so nothing is normalised twice.
 
-Launch: 64-key tiles, 8 warps, 3 stages for a 16-bit cache. Not yet swept on a GPU (in the sm_90 build with
-the launch's alignment, benchmarks/sass_probe.py's, neither 4 nor 8 warps spill at 64 x 128 query tiles).
+Launch: 64-key tiles, 4 warps, 3 stages for a 16-bit cache. 4 warps ran the prefix workload ~1% faster than 8
+(H100, BENCHMARKS.md); in the sm_90 build with the launch's alignment (benchmarks/sass_probe.py's) neither
+spills at 64 x 128 query tiles.
 
 The grid (max tiles, Hkv, partitions) depends on the padded batch size only: the grouping is data (tile lengths
 and members, in device buffers the step overwrites), a tile of length 0 exits at once, and a decode step with
@@ -165,7 +166,7 @@ def cascade_prefix_attention(
     *,
     soft_cap: float | None = None,
     block_n: int | None = None,
-    num_warps: int = 8,
+    num_warps: int = 4,
     num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
