@@ -568,7 +568,7 @@ def _launch(
         LORA=fuse,
         LORA_R_PAD=r_pad,
         LORA_S_PAD=s_pad,
-        PF_LINES=max(1, (cfg.num_stages - 1) * cfg.block_k * weight.element_size() // 128),
+        PF_LINES=triton.next_power_of_2(max(1, (cfg.num_stages - 1) * cfg.block_k * weight.element_size() // 128)),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_options(x.device, m),
