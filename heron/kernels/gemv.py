@@ -83,7 +83,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.common import dot_upcast, num_sms
-from heron.kernels.lora import LoRADelta, LoRARows, lora_row_delta
+from heron.kernels.lora import LoRADelta, LoRARows, lora_row_b, lora_row_sums
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 MAX_M = 16
@@ -238,6 +238,11 @@ def _gemv_kernel(
         sum_sq = tl.zeros([M_PAD] if USE_DOT else [BLOCK_K], tl.float32)
         writer = tile == 0  # these programs store h, the new residual
     x_offs += k_lo
+    if LORA != 0:  # the adapter's B rows for the epilogue, loaded while the main loop runs
+        lora_slot, lora_b, lora_ok = lora_row_b(
+            lora_b_ptr, lora_slot_ptr, tile, n, N, lora_off1, lora_off2, lora_max_rank, stride_lora_bs,
+            stride_lora_br, LORA_R_PAD, BLOCK_N,
+        )  # fmt: skip
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k = k0 + kk
         if EVEN_K:
@@ -312,52 +317,19 @@ def _gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + tl.minimum(n, N - 1)).to(tl.float32)[:, None]
     if LORA == 1:  # one row (the FMA path): + its adapter's delta on these columns, its sums also times 1 / rms
-        delta = lora_row_delta(
-            lora_part_ptr,
-            lora_b_ptr,
-            lora_slot_ptr,
-            pid_n,
-            n,
-            N,
-            lora_off1,
-            lora_off2,
-            lora_max_rank,
-            lora_splits,
-            stride_lora_split,
-            stride_lora_bs,
-            stride_lora_br,
-            LORA_R_PAD,
-            LORA_S_PAD,
-            BLOCK_N,
-        )
+        sums = lora_row_sums(lora_part_ptr, lora_ok, lora_splits, stride_lora_split, LORA_R_PAD, LORA_S_PAD)
+        delta = tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)
         if PROLOGUE == 2:
             delta *= tl.math.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
         acc += delta[:, None]
     if LORA == 2:  # + the delta from the A tiles' sums (already normed as these), once all of them are published
-        if tl.load(lora_slot_ptr) >= 0:
+        if lora_slot >= 0:
             ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
             while ready < a_tiles:
                 ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
             tl.debug_barrier()
-            delta = lora_row_delta(
-                lora_part_ptr,
-                lora_b_ptr,
-                lora_slot_ptr,
-                tile,
-                n,
-                N,
-                lora_off1,
-                lora_off2,
-                lora_max_rank,
-                1,
-                0,
-                stride_lora_bs,
-                stride_lora_br,
-                LORA_R_PAD,
-                1,
-                BLOCK_N,
-            )
-            acc += delta[:, None]
+            sums = lora_row_sums(lora_part_ptr, lora_ok, 1, 0, LORA_R_PAD, 1)
+            acc += tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)[:, None]
             # the last W tile to read the sums leaves both counters zeroed for the next call
             if tl.atomic_add(lora_flag_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - a_tiles - 1:
                 tl.store(lora_flag_ptr, 0)

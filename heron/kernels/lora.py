@@ -304,41 +304,45 @@ def _expand_act_kernel(
 
 
 @triton.jit
-def lora_row_delta(
-    part_ptr,
+def lora_row_b(
     b_ptr,
     slot_ptr,
-    pid_n,
+    tile,
     n,
     N,
     OFF1,
     OFF2,
     MAX_RANK,
-    SPLITS,
-    stride_split,
     stride_bs,
     stride_br,
     R_PAD: tl.constexpr,
-    S_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Row 0's delta on output columns n (float32 [BLOCK_N]), for a one-row GEMV's epilogue (heron/kernels/gemv.py):
-    its adapter's B rows of the parts these columns belong to times the shrink's sums, all of its splits' partials
-    read in one load. Zero for a row without an adapter (slot -1)."""
+    """For a one-row GEMV's output columns n (heron/kernels/gemv.py): the row's slot, its adapter's B rows of
+    the parts these columns belong to ([R_PAD, BLOCK_N], zeros elsewhere) and which rank rows those are (none
+    without an adapter, slot -1, or for a tile < 0). Loaded before the GEMV's main loop, so that its epilogue
+    waits only for the shrink's sums (`lora_row_sums`)."""
     slot = tl.load(slot_ptr)
-    col_first = pid_n * BLOCK_N
+    col_first = tile * BLOCK_N
     col_last = tl.minimum(col_first + BLOCK_N, N) - 1
     part_lo = (col_first >= OFF1).to(tl.int32) + (col_first >= OFF2).to(tl.int32)
     part_hi = (col_last >= OFF1).to(tl.int32) + (col_last >= OFF2).to(tl.int32)
     r = tl.arange(0, R_PAD)
-    r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0)
+    r_ok = (r >= part_lo * MAX_RANK) & (r < (part_hi + 1) * MAX_RANK) & (slot >= 0) & (tile >= 0)
+    b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
+    b = tl.load(b_rows + tl.maximum(tl.minimum(n, N - 1), 0)[None, :], mask=r_ok[:, None], other=0.0)
+    return slot, b, r_ok
+
+
+@triton.jit
+def lora_row_sums(part_ptr, r_ok, SPLITS, stride_split, R_PAD: tl.constexpr, S_PAD: tl.constexpr):
+    """The shrink's sums of row 0 on the rank rows `r_ok` (float32 [R_PAD]), all of its splits' partials read
+    in one load; times `lora_row_b`'s B rows they are the row's delta."""
+    r = tl.arange(0, R_PAD)
     sp = tl.arange(0, S_PAD)
     s_mask = (sp < SPLITS)[:, None] & r_ok[None, :]
     s_ptrs = part_ptr + sp[:, None] * stride_split + r[None, :]
-    s = tl.sum(tl.load(s_ptrs, mask=s_mask, other=0.0, cache_modifier=".cg"), axis=0)
-    b_rows = b_ptr + slot.to(tl.int64) * stride_bs + r.to(tl.int64)[:, None] * stride_br
-    b = tl.load(b_rows + tl.minimum(n, N - 1)[None, :], mask=r_ok[:, None], other=0.0)
-    return tl.sum(b.to(tl.float32) * s[:, None], axis=0)
+    return tl.sum(tl.load(s_ptrs, mask=s_mask, other=0.0, cache_modifier=".cg"), axis=0)
 
 
 def shrink_tiles(tokens: int, config: dict | None = None) -> dict:
