@@ -87,17 +87,17 @@ def _pdl(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-PDL_MIN_ROWS = 17  # launches over fewer rows stay plain: see pdl_options
+PDL_MIN_ROWS = 1  # every launch (a variant: see pdl_options)
 
 
 def pdl_options(device: torch.device, rows: int) -> dict:
     """Launch arguments for programmatic dependent launch (sm_90+; HERON_PDL=0 turns it off): the kernel's PDL
     flag and Triton's launch_pdl. Such a kernel is let onto the SMs while the stream's previous kernel finishes,
     instead of after it: in a decode step of ~360 short kernels the launch gaps add up (offline Qwen3-8B +0.4-0.8%,
-    docs/history/perf_notes.md run 31). Only for launches over at least PDL_MIN_ROWS rows (tokens or sequences):
-    steps of up to 16 rows run their projections in the GEMV, and with every kernel launched so the batch-1 decode
-    step was slower (run 32: Llama-3.1-8B 4.71 ms a token against 4.17 recorded without it), so those steps launch
-    as before."""
+    docs/history/perf_notes.md run 31). For launches over at least PDL_MIN_ROWS rows (tokens or sequences). A
+    batch-1 step is a chain of ~8 short kernels a layer, each paying its launch; run 32 found it slower with every
+    kernel so (Llama-3.1-8B 4.71 ms a token against 4.17) when the GEMV let the next kernel launch at its start,
+    which it now does after its main loop (heron/kernels/gemv.py)."""
     return dict(PDL=True, launch_pdl=True) if rows >= PDL_MIN_ROWS and _pdl(device) else dict(PDL=False)
 
 

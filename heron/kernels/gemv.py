@@ -65,6 +65,11 @@ come from one of two places (`lora`, heron/kernels/lora.py):
   the main sums. One launch more per projection.
 Other shapes run the expand kernel after.
 
+Programmatic dependent launch (sm_90+, heron/kernels/common.py's `pdl_options`): the GEMV's programs may be
+let onto the SMs while the kernel before it finishes; they wait for it before any load, and after their main loop
+let the next kernel launch (at their start, run 32 found batch 1 slower: the next kernel's waiting programs took
+SM slots from this one's).
+
 Configs: `default_config` (a rule from M, N, K, the dtype and the SM count), overridden by `CONFIGS` (tuned
 shapes, 16-bit dtypes) or per call by `config=`; `python -m heron.bench.kernels --gemv --sweep` searches
 them on a GPU. No triton.autotune: its first-call benchmarking cannot run under graph capture and costs start-up.
@@ -82,7 +87,7 @@ import torch
 import triton
 import triton.language as tl
 
-from heron.kernels.common import dot_upcast, num_sms
+from heron.kernels.common import dot_upcast, gdc_launch_dependents, gdc_wait, num_sms, pdl_options
 from heron.kernels.lora import LoRADelta, LoRARows, lora_row_b, lora_row_sums
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -204,7 +209,10 @@ def _gemv_kernel(
     LORA: tl.constexpr,
     LORA_R_PAD: tl.constexpr,
     LORA_S_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # before any load: the input is the kernel before's output
+        gdc_wait()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile = pid_n  # this program's tile of W's rows
@@ -284,6 +292,8 @@ def _gemv_kernel(
             acc_k += tl.sum(w.to(tl.float32) * xt.to(tl.float32)[None, :], axis=1)
         w_ptrs += BLOCK_K
         x_offs += BLOCK_K
+    if PDL:  # the next kernel may take the SMs as this one's programs finish
+        gdc_launch_dependents()
     if not USE_DOT:
         acc = acc_k[:, None]  # [BLOCK_N, 1]
     if PROLOGUE == 2:  # W (h * weight) / rms = W (weight * rmsnorm(h))
@@ -602,6 +612,7 @@ def _launch(
         LORA_S_PAD=s_pad,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_options(x.device, m),
     )
     if lora is not None and not mode:
         lora.add_to_(out.view(-1, n))

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from heron.kernels.activation import gated_act
+from heron.kernels.common import pdl_enter, pdl_options
 from heron.kernels.moe_routing import route, route_constants
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
@@ -98,7 +99,9 @@ def _up_kernel(
     STAGES: tl.constexpr,
     EVEN_K: tl.constexpr,
     FIX_BF16: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     entry = tl.program_id(1)
     t = entry // TOP_K
     _, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
@@ -141,9 +144,11 @@ def _down_kernel(
     STAGES: tl.constexpr,
     EVEN_K: tl.constexpr,
     FIX_BF16: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One loop over the token's k entries' tiles (entry j's I columns in tiles_per_entry tiles), so the
     loads of the next entry's weights are in flight while this one's are summed."""
+    pdl_enter(PDL)
     t = tl.program_id(1)
     weights, ids = route(logits_ptr, t, num_experts, stride_l, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -196,6 +201,7 @@ def moe_gemv(
         return out
     act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     routing = dict(route_constants(top_k, num_experts, renormalize), FIX_BF16=fix_bf16())
+    routing |= pdl_options(x.device, tokens)
     _up_kernel[(triton.cdiv(inter, up_cfg.block_n), tokens * top_k)](
         x, router_logits, w13, act, num_experts, inter, hidden, x.stride(0), router_logits.stride(0),
         w13.stride(0), BLOCK_N=up_cfg.block_n, BLOCK_K=up_cfg.block_k, STAGES=up_cfg.num_stages,

@@ -1,6 +1,6 @@
-"""Programmatic dependent launch (`heron.kernels.common.pdl_options`): off where it cannot apply and at the
-GEMV's sizes, and on a GPU (sm_90+) a chain of kernels that each read the one before (ours and cuBLAS's in
-turn) gives, eager and replayed in a CUDA graph, the same bits with it as without it."""
+"""Programmatic dependent launch (`heron.kernels.common.pdl_options`): off where it cannot apply, and on a GPU
+(sm_90+) a chain of kernels that each read the one before (ours and cuBLAS's in turn; at one row the GEMVs and
+the MoE GEMVs) gives, eager and replayed in a CUDA graph, the same bits with it as without it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from triton.runtime.jit import JitFunctionInfo
 
 from heron.kernels import common
 from heron.kernels.activation import silu_and_mul
+from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul
+from heron.kernels.moe_gemv import moe_gemv
 from heron.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from tests.kernels.kernel_utils import pick_device
 
@@ -39,20 +41,29 @@ def pdl_env(monkeypatch):
     common._pdl.cache_clear()
 
 
-def test_pdl_only_on_hopper_past_the_gemv_sizes(pdl_env):
+def test_pdl_only_on_hopper(pdl_env):
     pdl_env("1")
     assert common.pdl_options(torch.device("cpu"), 64) == {"PDL": False}
     if DEVICE.type == "cuda":
         assert common.pdl_options(DEVICE, 64)["PDL"] is HOPPER
-        assert common.pdl_options(DEVICE, 16) == {"PDL": False}
+        assert common.pdl_options(DEVICE, 1)["PDL"] is HOPPER
         pdl_env("0")
         assert common.pdl_options(DEVICE, 64) == {"PDL": False}
 
 
 def _chain(x, residual, w_up, w_down):
-    """Decoder MLPs: each kernel reads what the previous one wrote, ours after cuBLAS's and after our own."""
+    """Decoder MLPs: each kernel reads what the previous one wrote, ours after cuBLAS's and after our own; at
+    one row the GEMVs (a norm and the activation in their prologues), a norm kernel, and a MoE layer (router
+    GEMV, up and down kernels over 8 experts made of w_up's and w_down's rows)."""
     ones = lambda n: torch.ones(n, device=x.device, dtype=x.dtype)  # noqa: E731
     for _ in range(4):
+        if x.shape[0] == 1:
+            gate_up, residual = gemv_rms_norm(x, residual, ones(x.shape[1]), 1e-6, w_up)
+            x = rms_norm(gemv_silu_mul(gate_up, w_down), ones(w_down.shape[0]), 1e-6)
+            w13 = w_up.view(8, -1, w_up.shape[1])
+            w2 = w_down.view(w_down.shape[0], 8, -1).transpose(0, 1).contiguous()
+            x = moe_gemv(x, gemv(x, w_up[:8]), w13, w2, top_k=2, renormalize=True)
+            continue
         h, residual = fused_add_rms_norm(x, residual, ones(x.shape[1]), 1e-6)
         x = rms_norm(silu_and_mul(h @ w_up.T), ones(w_down.shape[1]), 1e-6) @ w_down.T
     return x.clone(), residual.clone()
@@ -60,15 +71,16 @@ def _chain(x, residual, w_up, w_down):
 
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90+ GPU")
 @pytest.mark.gpu
-def test_pdl_chain_matches_serial_launches(pdl_env):
+@pytest.mark.parametrize("rows", [64, 1])
+def test_pdl_chain_matches_serial_launches(pdl_env, rows):
     gen = torch.Generator().manual_seed(0)
     hidden, inter = 1024, 2048
     mk = lambda *s: (torch.randn(*s, generator=gen) / s[-1] ** 0.5).to(DEVICE, torch.bfloat16)  # noqa: E731
-    x, residual, w_up, w_down = mk(64, hidden), mk(64, hidden), mk(2 * inter, hidden), mk(hidden, inter)
+    x, residual, w_up, w_down = mk(rows, hidden), mk(rows, hidden), mk(2 * inter, hidden), mk(hidden, inter)
     pdl_env("0")
     want = _chain(x, residual, w_up, w_down)
     pdl_env("1")
-    assert common.pdl_options(DEVICE, 64)["PDL"]
+    assert common.pdl_options(DEVICE, rows)["PDL"]
     assert all(torch.equal(a, b) for a, b in zip(_chain(x, residual, w_up, w_down), want))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
