@@ -155,6 +155,7 @@ for s in $SECTIONS; do case $s in
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   lora-act) run lora-act python3 benchmarks/lora_probe.py act ;;  # issue 25: gate/up's expand inside the activation
   lora-probe) run lora-probe python3 benchmarks/lora_probe.py ;;  # issue 25: the shrink's and expand's tiles, swept
+  lora-row) run lora-row python3 benchmarks/lora_probe.py row ;;  # issue 25: batch 1's GEMVs with the adapter and without
   latency)
     run latency-qwen3 heron bench latency --model /tmp/shapes/qwen3-0.6b --load-format dummy --save-result \
         --result-name latency-qwen3-0.6b-bs1

@@ -8,6 +8,7 @@ result against the default configuration's.
 
     python benchmarks/lora_probe.py        (the sweeps)
     python benchmarks/lora_probe.py act    (gate/up's expand inside the activation against apart)
+    python benchmarks/lora_probe.py row    (batch 1: each projection's GEMV alone, with its adapter, without)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from heron.executor.lora_manager import group_by_slot
-from heron.kernels.lora import EXPAND, SHRINK, lora_shrink
+from heron.kernels.lora import EXPAND, SHRINK, LoRARows, lora_shrink, part_offsets
 
 HIDDEN, INTER, RANK, SLOTS = 4096, 12288, 16, 8
 # name: (in, output parts, the shrink's prologue at one token: what the engine's door runs there)
@@ -144,7 +145,51 @@ def fused_act() -> None:
               f"({apart / fused:.2f}x), max abs diff {err:.1e}")  # fmt: skip
 
 
+def one_row() -> None:
+    """Batch-1 decode with one adapter (issue 25: <= 15% over the base) spends its overhead in these calls: each
+    projection's GEMV as the engine's door runs it at one row (its prologue), under CUDA-graph replay, (1) alone,
+    (2) with the adapter's A rows in its grid (`LoRARows`, the engine's path), (3) the same for a row without an
+    adapter (slot -1: the path's fixed cost), (4) after a separate shrink launch (`LoRADelta` in its epilogue,
+    the path before), in us and as the sum over a layer's four projections."""
+    from heron.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul
+
+    dev = torch.device("cuda")
+    totals = np.zeros(4)
+    for name, (in_size, parts, prologue) in PROJECTIONS.items():
+        p = projection(name, 1, dev)
+        a, b, slots, _, _, sizes, rank = p["weights"]
+        w = (torch.randn(sum(parts), in_size, device=dev) / in_size**0.5).to(torch.bfloat16)
+        x, kw = p["x"], p["kwargs"]
+
+        def run(lora):
+            if prologue == "silu":
+                return gemv_silu_mul(x, w, lora=lora)
+            if prologue:
+                norm_w, eps = kw["norm"]
+                return gemv_rms_norm(x, kw.get("residual"), norm_w, eps, w, lora=lora)[0]
+            return gemv(x, w, lora=lora)
+
+        def rows(s: torch.Tensor) -> LoRARows:
+            return LoRARows(a, b, s, part_offsets(sizes, w.shape[0]), rank, lambda: None)
+
+        none = torch.full_like(slots, -1)
+        cases = [
+            lambda: run(None),
+            lambda: run(rows(slots)),
+            lambda: run(rows(none)),
+            lambda: run(lora_shrink(x, *p["weights"], **kw)),
+        ]
+        us = np.array([do_bench_cudagraph(fn, rep=50) * 1e3 for fn in cases])
+        err = ((cases[1]().float() - cases[3]().float()).norm() / cases[3]().float().norm()).item()
+        totals += us
+        print(f"{name}: alone {us[0]:.1f} us, A rows in its grid {us[1]:.1f} (+{us[1] - us[0]:.1f}), no adapter "
+              f"{us[2]:.1f}, after a shrink launch {us[3]:.1f} (+{us[3] - us[0]:.1f}); A rows against the shrink "
+              f"launch: {err:.1e} relative")  # fmt: skip
+    print(f"a layer: alone {totals[0]:.1f} us, A rows {totals[1]:.1f}, no adapter {totals[2]:.1f}, "
+          f"shrink launch {totals[3]:.1f}")  # fmt: skip
+
+
 if __name__ == "__main__":
     import sys
 
-    {"act": fused_act}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    {"act": fused_act, "row": one_row}.get(sys.argv[1] if sys.argv[1:] else "", main)()
