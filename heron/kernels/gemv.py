@@ -342,9 +342,11 @@ def _gemv_kernel(
             tl.debug_barrier()
             sums = lora_row_sums(lora_part_ptr, lora_ok, 1, 0, LORA_R_PAD, 1)
             acc += tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)[:, None]
-            # the group's last W tile to read the sums leaves its counters zeroed for the next call
+            # the group's last W tile to read the sums leaves its counters zeroed for the next call. Relaxed: a
+            # tile counts itself only after its poll saw every A tile, and the zeros matter only to the next
+            # call, which the kernel's end orders; the sums are overwritten only by that call's A tiles
             members = tl.cdiv(tl.num_programs(0) - a_tiles - group, LORA_GROUPS)
-            if tl.atomic_add(ready_ptr + 1, 1, sem="acq_rel", scope="gpu") == members - 1:
+            if tl.atomic_add(ready_ptr + 1, 1, sem="relaxed", scope="gpu") == members - 1:
                 tl.store(ready_ptr, 0)
                 tl.store(ready_ptr + 1, 0)
     tl.store(
