@@ -151,6 +151,10 @@ for s in $SECTIONS; do case $s in
     run ncu-gemv ncu --clock-control none --kernel-name regex:gemv --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section InstructionStats python3 benchmarks/ncu_gemv.py ;;
+  ncu-moe)  # issue 22: a Qwen3-30B-A3B layer's batch-1 GEMVs and MoE kernels under Nsight Compute (benchmarks/ncu_moe.py)
+    run ncu-moe ncu --clock-control none --kernel-name regex:"gemv|_up_kernel|_down_kernel" --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
+        python3 benchmarks/ncu_moe.py ;;
   profile-moe)  # issue 22: Qwen3-30B-A3B's batch-1 and batch-256 phases, and its kernels at both batch sizes
     run profile-moe python3 benchmarks/gpu_profile.py /tmp/shapes/qwen3-30b-a3b phases kernels ;;
   lora-act) run lora-act python3 benchmarks/lora_probe.py act ;;  # issue 25: gate/up's expand inside the activation
