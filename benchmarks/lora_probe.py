@@ -180,7 +180,8 @@ def one_row() -> None:
             lambda: run(lora_shrink(x, *p["weights"], **kw)),
         ]
         us = np.array([do_bench_cudagraph(fn, rep=50) * 1e3 for fn in cases])
-        err = ((cases[1]().float() - cases[3]().float()).norm() / cases[3]().float().norm()).item()
+        ref = cases[3]().float()
+        err = ((cases[1]().float() - ref).norm() / ref.norm()).item()
         totals += us
         print(f"{name}: alone {us[0]:.1f} us, A rows in its grid {us[1]:.1f} (+{us[1] - us[0]:.1f}), no adapter "
               f"{us[2]:.1f}, after a shrink launch {us[3]:.1f} (+{us[3] - us[0]:.1f}); A rows against the shrink "
