@@ -57,7 +57,10 @@ come from one of two places (`lora`, heron/kernels/lora.py):
   first tiles, run by the same main loop over the same prologue's input (so normed, or activated, as the
   weight's rows are). Each such tile publishes its sums to the workspace and bumps a ready counter (release);
   a weight tile's finishing program waits in its epilogue until all have (acquire), adds the delta, and bumps a
-  done counter, the last resetting both. No program waits on one dispatched after it: CUDA starts a grid's
+  done counter, the last resetting both. The weight tiles share LORA_GROUPS pairs of counters (tile %
+  LORA_GROUPS), each pair on its own 128-byte line and reset by its own group's last tile, and an A tile bumps
+  every group's ready counter: one pair for all (gate/up's 1,536 tiles at Qwen3-8B's shapes) put two atomics a
+  tile on one L2 line, one after another. No program waits on one dispatched after it: CUDA starts a grid's
   programs in order of their linear index, first axis fastest, and a weight tile finishes only once its last
   split has started, after every A tile's. Batch-1 decode with adapters pays no launch for them.
 - `LoRADelta` (float8 weights: A is not of the weight's dtype): the shrink kernel ran before; the epilogue
@@ -87,6 +90,9 @@ from heron.kernels.lora import LoRADelta, LoRARows, lora_row_b, lora_row_sums
 from heron.kernels.rmsnorm import fix_bf16, round_to
 
 MAX_M = 16
+# LoRA at one row: the weight tiles' handshake counters in LORA_GROUPS independent groups (tile % LORA_GROUPS),
+# each group's pair on its own 128-byte line (LINE_INTS apart), so no one L2 line takes every tile's atomics
+LORA_GROUPS, LINE_INTS = 32, 32
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8 = torch.float8_e4m3fn  # a weight in float8 comes with a float32 scale per row (heron/kernels/gemm/fp8.py)
 
@@ -204,6 +210,8 @@ def _gemv_kernel(
     LORA: tl.constexpr,
     LORA_R_PAD: tl.constexpr,
     LORA_S_PAD: tl.constexpr,
+    LORA_GROUPS: tl.constexpr,
+    LINE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -310,7 +318,9 @@ def _gemv_kernel(
             r = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             tl.store(lora_part_ptr + r, tl.sum(acc, axis=1), mask=r < lora_rows)
             tl.debug_barrier()  # every thread's sums are issued before the release below
-            tl.atomic_add(lora_flag_ptr, 1, sem="release", scope="gpu")
+            grp = tl.arange(0, LORA_GROUPS)  # count this tile in every group that has weight tiles
+            w_tiles = tl.num_programs(0) - a_tiles
+            tl.atomic_add(lora_flag_ptr + grp * LINE, 1, mask=grp < w_tiles, sem="release", scope="gpu")
             return
     if W_SCALED:  # W = its float8 values times one scale per row, which factors out of the row's sums
         acc *= tl.load(ws_ptr + tl.minimum(n, N - 1))[:, None]
@@ -324,16 +334,21 @@ def _gemv_kernel(
         acc += delta[:, None]
     if LORA == 2:  # + the delta from the A tiles' sums (already normed as these), once all of them are published
         if lora_slot >= 0:
-            ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
+            group = tile % LORA_GROUPS
+            ready_ptr = lora_flag_ptr + group * LINE  # this group's ready count, its done count after it
+            ready = tl.atomic_add(ready_ptr, 0, sem="acquire", scope="gpu")
             while ready < a_tiles:
-                ready = tl.atomic_add(lora_flag_ptr, 0, sem="acquire", scope="gpu")
+                ready = tl.atomic_add(ready_ptr, 0, sem="acquire", scope="gpu")
             tl.debug_barrier()
             sums = lora_row_sums(lora_part_ptr, lora_ok, 1, 0, LORA_R_PAD, 1)
             acc += tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)[:, None]
-            # the last W tile to read the sums leaves both counters zeroed for the next call
-            if tl.atomic_add(lora_flag_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - a_tiles - 1:
-                tl.store(lora_flag_ptr, 0)
-                tl.store(lora_flag_ptr + 1, 0)
+            # the group's last W tile to read the sums leaves its counters zeroed for the next call. Relaxed: a
+            # tile counts itself only after its poll saw every A tile, and the zeros matter only to the next
+            # call, which the kernel's end orders; the sums are overwritten only by that call's A tiles
+            members = tl.cdiv(tl.num_programs(0) - a_tiles - group, LORA_GROUPS)
+            if tl.atomic_add(ready_ptr + 1, 1, sem="relaxed", scope="gpu") == members - 1:
+                tl.store(ready_ptr, 0)
+                tl.store(ready_ptr + 1, 0)
     tl.store(
         out_ptr + m[None, :] * stride_om + n[:, None],
         round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
@@ -536,9 +551,12 @@ def _launch(
     k_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
     part, count = x2, x2  # placeholders, unused without split-K or mode 2
     need = (a_tiles + tiles) * cfg.split_k * m_pad * cfg.block_n if cfg.split_k > 1 else 0
-    if cfg.split_k > 1 or mode == 2:  # mode 2 also keeps the A rows' sums [a_rows] and two counters there
-        part, count = workspace or _shared_workspace(need + a_rows, a_tiles + tiles + 2 * (mode == 2), x.device)
-        assert part.numel() >= need + a_rows and count.numel() >= a_tiles + tiles + 2 * (mode == 2)
+    # mode 2 also keeps the A rows' sums [a_rows] and the groups' counters, from a line's start past the tiles'
+    flags = triton.cdiv(a_tiles + tiles, LINE_INTS) * LINE_INTS
+    counters = flags + LORA_GROUPS * LINE_INTS if mode == 2 else a_tiles + tiles
+    if cfg.split_k > 1 or mode == 2:
+        part, count = workspace or _shared_workspace(need + a_rows, counters, x.device)
+        assert part.numel() >= need + a_rows and count.numel() >= counters
         assert part.dtype == torch.float32
     norm_weight, eps = norm if norm is not None else (x2, 0.0)
     res, res_out = (residual[0].reshape(-1, k), residual[1].view(-1, k)) if residual is not None else (x2, x2)
@@ -556,7 +574,7 @@ def _launch(
     elif mode == 2:
         lora_a = lora.lora_a
         assert lora_a.dtype == weight.dtype and lora_a.shape[2] == k and lora_a.stride(-1) == 1
-        lora_ptrs = (lora.token_slots, part[need:], lora_b, lora_a, count[a_tiles + tiles :])
+        lora_ptrs = (lora.token_slots, part[need:], lora_b, lora_a, count[flags:])
         lora_args = (*lora.offsets, lora.max_rank, 1, 0, lora_b.stride(0), lora_b.stride(1))
         rows_args = (a_tiles, a_rows, lora_a.stride(0), lora_a.stride(1))
     _gemv_kernel[(a_tiles + tiles, cfg.split_k)](
@@ -600,6 +618,8 @@ def _launch(
         LORA=mode,
         LORA_R_PAD=r_pad,
         LORA_S_PAD=s_pad,
+        LORA_GROUPS=LORA_GROUPS,
+        LINE=LINE_INTS,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -224,6 +224,7 @@ LORA_CASES = [  # (rows, config, prologue, the rows' slots, a float8 weight, the
     (1, GemvConfig(16, 64, dot=False), "rms_norm", [-1], False, True),  # no adapter: the A tiles return at once
     (1, GemvConfig(16, 32, dot=False), "rms_norm_residual", [1], True, True),  # float8: the shrink kernel first
     (1, GemvConfig(16, 64), "none", [1], False, True),  # a forced tensor-core config: the shrink kernel first
+    (1, GemvConfig(2, 64, dot=False), "rms_norm", [0], False, True),  # 50 weight tiles: more than counter groups
 ]
 
 
