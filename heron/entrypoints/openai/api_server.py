@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -446,7 +447,10 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
                 logger.exception("Could not load the model")
                 loop.call_soon_threadsafe(state.stop, 1)
                 return
-            loop.call_soon_threadsafe(state.attach, engine, models)
+            try:
+                loop.call_soon_threadsafe(state.attach, engine, models)
+            except RuntimeError:  # the loop closed as the model finished loading: no one else stops the engine
+                engine.shutdown()
 
         logger.info(
             "Loading model %s in the engine process: reading its weights, then sizing the KV cache (and capturing "
@@ -552,6 +556,22 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use is an error at once, not after minutes of
+    loading, with an engine process left running behind a server that never started."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     config = serve_engine_config(args)
@@ -564,6 +584,16 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:
         logger.error("%s", e)
         return 2
+    try:
+        sock = listen_socket(args.host, args.port)
+    except OSError as e:
+        logger.error(
+            "cannot listen on %s port %d: %s (another server there? --port picks another)",
+            args.host,
+            args.port,
+            e.strerror or e,
+        )
+        return 1
     app = build_app(args, config)
     # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
     # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
@@ -589,8 +619,11 @@ def run_server(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     state.stop = stop
-    server.run()
-    code = 1 if not server.started else exit_code
+    try:
+        server.run(sockets=[sock])
+        code = 1 if not server.started else exit_code
+    except SystemExit as e:  # uvicorn's own start-up failures end this way
+        code = e.code if isinstance(e.code, int) else 1
     if state.loader is not None and state.loader.is_alive():
         # Stopped while loading: the loader is inside torch and cannot be interrupted, and finalizing the
         # interpreter under it aborts the process. Nothing is left to clean up, so leave at once.

@@ -1,6 +1,10 @@
-"""`heron serve` flags and the EngineConfig they make; no server, no model."""
+"""`heron serve` flags and the EngineConfig they make, and a start refused before the model loads."""
 
 from __future__ import annotations
+
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -161,3 +165,15 @@ def test_auto_tool_choice_needs_a_parser():
     assert args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
     with pytest.raises(SystemExit, match="requires --tool-call-parser"):
         main(["serve", "--enable-auto-tool-choice"])
+
+
+def test_a_port_in_use_fails_at_once_before_the_model_loads():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "heron.entrypoints.cli", "serve", "--port", str(port)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in out.stderr
+    assert "Loading model" not in out.stderr and "Traceback" not in out.stderr
