@@ -541,6 +541,13 @@ class _Server(uvicorn.Server):
         finally:
             deadline.cancel()
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:  # uvicorn announces only the sockets it bound itself
+            host, port = sockets[0].getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            logger.info("Listening on %s (CTRL+C to quit)", url)
+
     @contextlib.contextmanager
     def capture_signals(self):
         # uvicorn re-raises the signal once it has shut down, which ends the process with 128 + signal; a
