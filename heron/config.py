@@ -196,8 +196,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None  # None: 8192 on GPU, 2048 on CPU (at least max_num_seqs)
     policy: str = "fcfs"  # "fcfs" | "priority"
     max_model_len: int = 0  # filled from the model
+    # vLLM's switch; prefills here are always chunked by max_num_batched_tokens, so only True (or unset) runs
+    enable_chunked_prefill: bool | None = None
 
     def verify(self) -> None:
+        if self.enable_chunked_prefill is False:
+            raise ValueError(
+                "enable_chunked_prefill: prefills are always chunked (by max_num_batched_tokens); it cannot be off."
+            )
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

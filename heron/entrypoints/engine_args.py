@@ -74,6 +74,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="tokens in one step at most (default: 8192 on GPU, 2048 on CPU)",
     )
     g.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="accepted for vLLM's command lines: prefills are always chunked by --max-num-batched-tokens (the "
+        "--no- form is an error)",
+    )
+    g.add_argument(
         "--scheduling-policy",
         default="fcfs",
         choices=["fcfs", "priority"],
@@ -211,6 +218,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             policy=args.scheduling_policy,
+            enable_chunked_prefill=args.enable_chunked_prefill,
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=args.tensor_parallel_size,

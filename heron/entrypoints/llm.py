@@ -43,6 +43,7 @@ class LLM:
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
+        enable_chunked_prefill: bool | None = None,
         block_size: int = 16,
         gpu_memory_utilization: float = 0.9,
         kv_cache_memory: int | None = None,
@@ -72,7 +73,8 @@ class LLM:
         override_pooler_config: PoolerConfig | dict | None = None,
     ) -> None:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
-        every architecture it supports, never code from the model's folder. `runner="pooling"` (or vLLM's
+        every architecture it supports, never code from the model's folder. Prefills are always chunked
+        (`enable_chunked_prefill` True or unset; False is an error). `runner="pooling"` (or vLLM's
         older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
         (`override_pooler_config`: its older name). `data_parallel_size` > 1: that many engine replicas
         (`data_parallel_backend` mp: local processes; ray: Ray actors, on the cluster of RAY_ADDRESS or a Ray
@@ -100,7 +102,10 @@ class LLM:
                 kv_cache_dtype=kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=scheduling_policy
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                policy=scheduling_policy,
+                enable_chunked_prefill=enable_chunked_prefill,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=tensor_parallel_size,

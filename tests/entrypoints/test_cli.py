@@ -40,6 +40,13 @@ def test_vllm_flags_are_accepted(tmp_path):
     bad.verify()
 
 
+def test_chunked_prefill_is_always_on():
+    engine_config(_serve("--enable-chunked-prefill")).verify()  # vLLM's flag: what Heron always does
+    engine_config(_serve()).verify()
+    with pytest.raises(ValueError, match="enable_chunked_prefill: prefills are always chunked"):
+        engine_config(_serve("--no-enable-chunked-prefill")).verify()
+
+
 def test_unknown_flags_show_the_sub_commands_usage(capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", "--frobnicate"])

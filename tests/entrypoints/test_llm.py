@@ -210,6 +210,11 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path, tiny_model_dir)
         LLM(str(path), kv_cache_memory=16 << 20)
 
 
+def test_chunked_prefill_cannot_be_turned_off(tiny_model_dir):
+    with pytest.raises(ValueError, match="enable_chunked_prefill: prefills are always chunked"):
+        LLM(tiny_model_dir("llama"), kv_cache_memory=16 << 20, enable_chunked_prefill=False)
+
+
 def test_corrupt_weight_file_is_named(tmp_path, tiny_model_dir):
     import shutil
 

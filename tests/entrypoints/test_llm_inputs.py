@@ -22,7 +22,8 @@ def test_prompt_forms():
 
 
 def test_dict_prompts_generate_as_plain_ones(tiny_model_dir):
-    llm = LLM(tiny_model_dir("llama"), kv_cache_memory=8 << 20, trust_remote_code=True)
+    # vLLM's keywords for what Heron always does are accepted
+    llm = LLM(tiny_model_dir("llama"), kv_cache_memory=8 << 20, trust_remote_code=True, enable_chunked_prefill=True)
     ids = llm.get_tokenizer()("Hello there").input_ids
     plain = llm.generate(["Hello there", ids], GREEDY, use_tqdm=False)
     typed = llm.generate([{"prompt": "Hello there"}, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False)
