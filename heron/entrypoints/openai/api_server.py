@@ -566,13 +566,12 @@ class _Server(uvicorn.Server):
 def listen_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before the model loads: a port in use is an error at once, not after minutes of
     loading, with an engine process left running behind a server that never started."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    # as uvicorn binds a socket it hands to workers: IPv6 for an address with a colon, else IPv4 (a host name
+    # such as localhost resolves to its IPv4 address)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(address)
+        sock.bind((host, port))
     except OSError:
         sock.close()
         raise
