@@ -102,6 +102,10 @@ class EngineDeadError(RuntimeError):
     """The engine failed or its process exited; every request in flight gets this, and every later one."""
 
 
+class EngineStartError(RuntimeError):
+    """The engine process could not load the model; it has logged its own traceback, so this says why in a line."""
+
+
 class RequestAbortedError(RuntimeError):
     """The request was aborted for everyone (`AsyncLLM.abort_all`), e.g. by a server's shutdown deadline."""
 
@@ -208,10 +212,11 @@ class AsyncLLM:
             ready = self._events.recv()
         except EOFError:
             self._proc.join(5)
-            raise RuntimeError(f"the engine process exited while loading (exit code {self._proc.exitcode})") from None
+            code = self._proc.exitcode
+            raise EngineStartError(f"the engine process exited while loading (exit code {code})") from None
         if isinstance(ready, EngineDead):
             self._proc.join(30)
-            raise RuntimeError(f"the engine could not start: {ready.reason}")
+            raise EngineStartError(f"the engine could not start: {ready.reason}")
         info = ready.info
         self.info: ServingInfo = info
         self.model_name: str = info.model_name

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swagger_ui_bundle import swagger_ui_path
 
 from heron.config import EngineConfig
-from heron.engine.async_llm import AsyncLLM, EngineDeadError, RequestAbortedError
+from heron.engine.async_llm import AsyncLLM, EngineDeadError, EngineStartError, RequestAbortedError
 from heron.engine.data_parallel import DataParallelAsyncLLM
 from heron.entrypoints.openai.admission import Admission
 from heron.entrypoints.openai.errors import ApiError, api_error
@@ -441,6 +441,10 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
                     asyncio.run_coroutine_threadsafe(add, loop).result()
             except ApiError as e:  # a --lora-modules adapter that cannot be served: the server exits
                 logger.error("--lora-modules: %s", e.message)
+                loop.call_soon_threadsafe(state.stop, 1)
+                return
+            except EngineStartError as e:  # the engine process has logged the traceback: one line here
+                logger.error("Could not load the model: %s", e)
                 loop.call_soon_threadsafe(state.stop, 1)
                 return
             except BaseException:  # noqa: BLE001 - reported, and the server exits

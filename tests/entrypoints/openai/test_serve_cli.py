@@ -177,3 +177,13 @@ def test_a_port_in_use_fails_at_once_before_the_model_loads():
     assert out.returncode == 1, out.stderr
     assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in out.stderr
     assert "Loading model" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_model_that_cannot_load_exits_with_one_traceback(tmp_path):
+    missing = tmp_path / "no-such-model"
+    cmd = [sys.executable, "-m", "heron.entrypoints.cli", "serve", str(missing), "--port", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1, out.stderr
+    assert f"Could not load the model: the engine could not start: ValueError: model '{missing}'" in out.stderr
+    assert "engine failed:\nTraceback" in out.stderr  # the engine process's traceback, where the error arose
+    assert "api_server.py" not in out.stderr  # and none of the API process's frames after it
