@@ -340,15 +340,15 @@ def _gemv_kernel(
             while ready < a_tiles:
                 ready = tl.atomic_add(ready_ptr, 0, sem="acquire", scope="gpu")
             tl.debug_barrier()
-            sums = lora_row_sums(lora_part_ptr, lora_ok, 1, 0, LORA_R_PAD, 1)
-            acc += tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)[:, None]
-            # the group's last W tile to read the sums leaves its counters zeroed for the next call. Relaxed: a
+            sums = lora_row_sums(lora_part_ptr, lora_ok, 1, 0, LORA_R_PAD, 1)  # in flight during the count
+            # the group's last W tile to pass its poll leaves its counters zeroed for the next call. Relaxed: a
             # tile counts itself only after its poll saw every A tile, and the zeros matter only to the next
             # call, which the kernel's end orders; the sums are overwritten only by that call's A tiles
             members = tl.cdiv(tl.num_programs(0) - a_tiles - group, LORA_GROUPS)
             if tl.atomic_add(ready_ptr + 1, 1, sem="relaxed", scope="gpu") == members - 1:
                 tl.store(ready_ptr, 0)
                 tl.store(ready_ptr + 1, 0)
+            acc += tl.sum(lora_b.to(tl.float32) * sums[:, None], axis=0)[:, None]
     tl.store(
         out_ptr + m[None, :] * stride_om + n[:, None],
         round_to(acc, out_ptr.dtype.element_ty, FIX_BF16),
