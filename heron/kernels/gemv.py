@@ -118,6 +118,7 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig] = {
     (1, 4096, 14336): GemvConfig(16, 512, 1, num_warps=4, num_stages=4, dot=False),  # 30.1 / 31.4
     (1, 28672, 4096): GemvConfig(32, 256, 1, num_warps=4, num_stages=2, dot=False),  # 56.9 / 59.3
     (1, 4096, 12288): GemvConfig(8, 512, 1, num_warps=4, num_stages=3, dot=False),  # 26.2 / 27.6 (3126b8a)
+    (1, 24576, 4096): GemvConfig(32, 256, 1, num_warps=4, num_stages=2, dot=False),  # Llama's 28672's, untimed
     (16, 1024, 2048): GemvConfig(32, 128, 4, num_warps=4, num_stages=4),  # 5.0 / 6.1
     (16, 1024, 3072): GemvConfig(32, 128, 8, num_warps=4, num_stages=3),  # 5.4 / 6.1
     (16, 4096, 1024): GemvConfig(32, 128, 1, num_warps=4, num_stages=4),  # 5.1 / 6.3
