@@ -115,6 +115,14 @@ class PoolerConfig:
             raise ValueError(f"normalize must be true or false, got {self.normalize!r}.")
 
 
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def is_hub_id(model: str | ModelSource | None) -> bool:
+    """Whether the loader fetches `model` from the hub: a name that is neither a local folder nor a GGUF file."""
+    return isinstance(model, str) and not model.endswith(".gguf") and not os.path.isdir(model)
+
+
 @dataclass
 class ModelConfig:
     model: str | ModelSource | None = None  # None: the embedded default; a ModelSource: tensors in hand
@@ -124,7 +132,14 @@ class ModelConfig:
     seed: int = 0
     chat_template: str | None = None
     served_model_name: str | None = None
-    load_format: str = "auto"  # "auto" | "dummy" (random weights in the checkpoint's shapes, for benchmarks)
+    # "auto" | "safetensors" (the same for a folder or hub id: its *.safetensors; not a GGUF file) | "dummy"
+    # (random weights in the checkpoint's shapes, for benchmarks)
+    load_format: str = "auto"
+    # A hub id's snapshot: its branch, tag or commit (`revision`; the tokenizer's own, when --tokenizer is another
+    # hub id: `tokenizer_revision`), and the cache folder it is downloaded to (huggingface_hub's default: None)
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
     # "fp8": quantize a 16/32-bit checkpoint's projections to FP8 while loading (heron/models/quantization.py);
     # "awq" / "gptq" / "compressed-tensors": the checkpoint's own format, checked against its config.json;
     # None: as the checkpoint is (its config.json's quantization_config, if any)
@@ -142,8 +157,12 @@ class ModelConfig:
             raise ValueError(f"runner must be 'generate' or 'pooling', got {self.runner!r}.")
         if self.pooler_config is not None:
             self.pooler_config.verify()
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}.")
+        if self.revision is not None and not is_hub_id(self.model):
+            raise ValueError("revision picks a hub id's snapshot, and the model is a local one")
+        if self.tokenizer_revision is not None and not is_hub_id(self.tokenizer or self.model):
+            raise ValueError("tokenizer_revision picks a hub id's snapshot, and the tokenizer is a local one")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}.")
         if self.quantization not in (None, "fp8", "awq", "gptq", "compressed-tensors"):
             raise ValueError(
                 f"quantization must be 'fp8', 'awq', 'gptq', 'compressed-tensors' or None, got {self.quantization!r}."

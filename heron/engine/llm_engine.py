@@ -30,7 +30,7 @@ from heron.executor.model_runner import ModelRunner
 from heron.executor.tp_worker import TPWorkers
 from heron.lora_request import LoRARequest
 from heron.models.config import TransformerConfig
-from heron.models.loader import load_source
+from heron.models.loader import load_configured
 from heron.models.pooling import as_causal_lm, matryoshka_dimensions, resolve_pooler_config
 from heron.outputs import EmbeddingRequestOutput, RequestOutput
 from heron.pooling_params import PREFILL_ONLY, PoolingParams
@@ -72,7 +72,7 @@ class LLMEngine:
             )
         self.config = config
         self.device = resolve_device(config.device)
-        source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
+        source = load_configured(config.model)
         if config.model.runner == "pooling":  # an embedding model may be saved as its base model, headless
             source = as_causal_lm(source)
         self.model_name = config.model.served_model_name or source.name

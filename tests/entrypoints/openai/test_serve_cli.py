@@ -105,9 +105,19 @@ def test_flags_reach_the_engine_config(tmp_path):
             str(template),
             "--device",
             "cpu",
+            "--revision",
+            "v1",
+            "--tokenizer-revision",
+            "v2",
+            "--download-dir",
+            str(tmp_path),
+            "--load-format",
+            "safetensors",
         ]
     )
     cfg = serve_engine_config(args)
+    hub = (cfg.model.revision, cfg.model.tokenizer_revision, cfg.model.download_dir, cfg.model.load_format)
+    assert hub == ("v1", "v2", str(tmp_path), "safetensors")
     assert (cfg.model.model, cfg.model.served_model_name, cfg.model.max_model_len) == ("some/model", "a", 512)
     assert (cfg.model.dtype, cfg.model.seed, cfg.model.chat_template) == ("bfloat16", 3, template.read_text())
     assert (
