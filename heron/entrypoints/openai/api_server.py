@@ -28,6 +28,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -302,15 +303,21 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, raw: Request) -> P
     return PlainTextResponse(await _runtime_lora(raw).unload_lora_adapter(body.lora_name))
 
 
+def _root(request: Request) -> str:
+    """The path prefix this server is reached under (--root-path), for the links its pages hold."""
+    return request.scope.get("root_path", "").rstrip("/")
+
+
 @router.get("/docs", include_in_schema=False)
-async def swagger_ui() -> HTMLResponse:
+async def swagger_ui(request: Request) -> HTMLResponse:
     # The assets come from this server (the swagger-ui-bundle package), so the page works offline.
+    root = _root(request)
     return get_swagger_ui_html(
-        openapi_url="/openapi.json",
+        openapi_url=f"{root}/openapi.json",
         title=f"Heron {__version__} API",
-        swagger_js_url="/swagger-ui/swagger-ui-bundle.js",
-        swagger_css_url="/swagger-ui/swagger-ui.css",
-        swagger_favicon_url="/swagger-ui/favicon-32x32.png",
+        swagger_js_url=f"{root}/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}/swagger-ui/swagger-ui.css",
+        swagger_favicon_url=f"{root}/swagger-ui/favicon-32x32.png",
     )
 
 
@@ -324,11 +331,12 @@ async def playground() -> HTMLResponse:
 
 
 @router.get("/", include_in_schema=False)
-async def index() -> HTMLResponse:
+async def index(request: Request) -> HTMLResponse:
+    root = _root(request)
     return HTMLResponse(
         f"<!doctype html><meta charset=utf-8><title>Heron {__version__}</title>"
-        f"<h1>Heron {__version__}</h1><ul><li><a href=/playground>Playground</a> (chat with the served models)"
-        "<li><a href=/docs>API docs</a><li><a href=/metrics>Metrics</a></ul>"
+        f"<h1>Heron {__version__}</h1><ul><li><a href={root}/playground>Playground</a> (chat with the served "
+        f"models)<li><a href={root}/docs>API docs</a><li><a href={root}/metrics>Metrics</a></ul>"
     )
 
 
@@ -492,6 +500,14 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     if keys:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.add_middleware(InternalErrorMiddleware)
+    # Outermost: a browser's preflight is answered before the key check, and every answer carries the headers
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=args.allowed_origins,
+        allow_credentials=args.allow_credentials,
+        allow_methods=args.allowed_methods,
+        allow_headers=args.allowed_headers,
+    )
     return app
 
 
@@ -549,7 +565,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started and sockets:  # uvicorn announces only the sockets it bound itself
             host, port = sockets[0].getsockname()[:2]
-            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            scheme = "https" if self.config.is_ssl else "http"
+            url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
             logger.info("Listening on %s (CTRL+C to quit)", url)
 
     @contextlib.contextmanager
@@ -582,6 +599,23 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """uvicorn's settings for the server (the proxy's --root-path; HTTPS with --ssl-keyfile and --ssl-certfile)."""
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout + STREAM_GRACE_S,
+        root_path=args.root_path,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+    )
+
+
 def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     config = serve_engine_config(args)
@@ -594,6 +628,15 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:
         logger.error("%s", e)
         return 2
+    app = build_app(args, config)
+    uv_config = uvicorn_config(app, args)
+    try:  # the TLS files are read here: a bad one fails before the port is taken or the model loads
+        if args.ssl_keyfile and not args.ssl_certfile:
+            raise OSError("--ssl-keyfile needs --ssl-certfile")
+        uv_config.load()
+    except OSError as e:
+        logger.error("cannot serve HTTPS: %s", e)
+        return 2
     try:
         sock = listen_socket(args.host, args.port)
     except OSError as e:
@@ -604,22 +647,11 @@ def run_server(args: argparse.Namespace) -> int:
             e.strerror or e,
         )
         return 1
-    app = build_app(args, config)
     # The event loop holds the GIL most of the time under load; the thread that reads the engine's outputs
     # must not wait the default 5 ms for it at each step, or the engine's pipe fills and the engine waits.
     sys.setswitchinterval(0.001)
     state: ServerState = app.state.server
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            loop="uvloop",
-            log_level=args.uvicorn_log_level,
-            timeout_graceful_shutdown=args.shutdown_timeout + STREAM_GRACE_S,
-        ),
-        state,
-    )
+    server = _Server(uv_config, state)
     logging.getLogger("uvicorn.access").addFilter(_QuietStartupProbes(state))
     exit_code = 0
 

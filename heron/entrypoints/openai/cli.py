@@ -39,6 +39,39 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
     g.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix a reverse proxy serves this server under (the proxy strips it; the OpenAPI schema, "
+        "/docs and the pages link through it)",
+    )
+    g.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (PEM)")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (PEM)")
+    g.add_argument("--ssl-ca-certs", default=None, help="CA certificates that client certificates are checked against")
+    g.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        help="whether a client certificate is required, as Python's ssl module numbers it (0 none, 1 optional, "
+        "2 required)",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        type=_json_strings,
+        default=["*"],
+        help='CORS: the origins whose web pages may call the API, a JSON list (["*"]: any, as vLLM allows)',
+    )
+    g.add_argument(
+        "--allowed-methods", type=_json_strings, default=["*"], help="CORS: the methods allowed, a JSON list"
+    )
+    g.add_argument(
+        "--allowed-headers", type=_json_strings, default=["*"], help="CORS: the headers allowed, a JSON list"
+    )
+    g.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: let web pages send cookies and HTTP authentication",
+    )
+    g.add_argument(
         "--api-key",
         nargs="+",
         action="extend",
@@ -167,6 +200,17 @@ def parse_lora_module(text: str) -> LoRAModulePath:
     if not (sep and name and path):
         raise argparse.ArgumentTypeError(f"{text!r}: expected name=path or a JSON object")
     return LoRAModulePath(name, path)
+
+
+def _json_strings(text: str) -> list[str]:
+    """A flag's JSON list of strings (vLLM's form for the CORS lists)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f'a JSON list of strings, like ["*"], is wanted, got {text!r}')
+    return value
 
 
 def _positive(text: str) -> int:

@@ -197,3 +197,12 @@ def test_a_model_that_cannot_load_exits_with_one_traceback(tmp_path):
     assert f"Could not load the model: the engine could not start: ValueError: model '{missing}'" in out.stderr
     assert "engine failed:\nTraceback" in out.stderr  # the engine process's traceback, where the error arose
     assert "api_server.py" not in out.stderr  # and none of the API process's frames after it
+
+
+def test_tls_files_that_cannot_be_read_fail_before_the_port_is_taken(tmp_path):
+    missing = str(tmp_path / "none.pem")
+    cmd = [sys.executable, "-m", "heron.entrypoints.cli", "serve", "--ssl-keyfile", missing, "--ssl-certfile", missing]
+    out = subprocess.run(cmd + ["--port", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "cannot serve HTTPS: [Errno 2] No such file or directory" in out.stderr
+    assert "Listening on" not in out.stderr and "Loading model" not in out.stderr
