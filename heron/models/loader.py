@@ -36,12 +36,6 @@ def embedded_model_path() -> str:
     return path
 
 
-def load_configured(config: ModelConfig) -> ModelSource:
-    """The source a ModelConfig names, with its hub options."""
-    hub = HubOptions(config.revision, config.tokenizer_revision, config.download_dir)
-    return load_source(config.model, config.tokenizer, config.load_format, hub)
-
-
 @dataclass(frozen=True)
 class HubOptions:
     """How a hub id is fetched (vLLM's --revision, --tokenizer-revision, --download-dir): the model's
@@ -50,6 +44,12 @@ class HubOptions:
     revision: str | None = None
     tokenizer_revision: str | None = None
     download_dir: str | None = None
+
+
+def load_configured(config: ModelConfig) -> ModelSource:
+    """The source a ModelConfig names, with its hub options."""
+    hub = HubOptions(config.revision, config.tokenizer_revision, config.download_dir)
+    return load_source(config.model, config.tokenizer, config.load_format, hub)
 
 
 def load_source(

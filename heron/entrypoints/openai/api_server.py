@@ -494,13 +494,13 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
     app.mount("/swagger-ui", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app, state)
-    # Added innermost first: a request meets InternalErrorMiddleware, then the key check, then the size.
+    # Added innermost first: a request meets CORS, InternalErrorMiddleware, the key check, then the size.
     app.add_middleware(BodyLimitMiddleware, limit=args.max_request_body_bytes)
     keys = api_keys(args)
     if keys:
         app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.add_middleware(InternalErrorMiddleware)
-    # Outermost: a browser's preflight is answered before the key check, and every answer carries the headers
+    # CORS outermost: a browser's preflight is answered before the key check, and every answer carries its headers
     app.add_middleware(
         CORSMiddleware,
         allow_origins=args.allowed_origins,
@@ -628,11 +628,12 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:
         logger.error("%s", e)
         return 2
+    if args.ssl_keyfile and not args.ssl_certfile:
+        logger.error("cannot serve HTTPS: --ssl-keyfile needs --ssl-certfile")
+        return 2
     app = build_app(args, config)
     uv_config = uvicorn_config(app, args)
     try:  # the TLS files are read here: a bad one fails before the port is taken or the model loads
-        if args.ssl_keyfile and not args.ssl_certfile:
-            raise OSError("--ssl-keyfile needs --ssl-certfile")
         uv_config.load()
     except OSError as e:
         logger.error("cannot serve HTTPS: %s", e)
