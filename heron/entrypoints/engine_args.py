@@ -13,6 +13,12 @@ if TYPE_CHECKING:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--tokenizer", default=None, help="a tokenizer other than the model's")
+    g.add_argument(
+        "--tokenizer-mode",
+        default="auto",
+        choices=["auto"],
+        help="vLLM's default mode, the one Heron has: the fast tokenizer where the model has one",
+    )
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument(
         "--dtype",

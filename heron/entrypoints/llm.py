@@ -66,6 +66,7 @@ class LLM:
         data_parallel_backend: str = "mp",
         quantization: str | None = None,
         trust_remote_code: bool = False,
+        tokenizer_mode: str = "auto",
         enable_lora: bool = False,
         max_loras: int = 1,
         max_lora_rank: int = 16,
@@ -76,7 +77,8 @@ class LLM:
         override_pooler_config: PoolerConfig | dict | None = None,
     ) -> None:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
-        every architecture it supports, never code from the model's folder. Prefills are always chunked
+        every architecture it supports, never code from the model's folder. `tokenizer_mode` is "auto", the
+        one mode (the fast tokenizer where the model has one). Prefills are always chunked
         (`enable_chunked_prefill` True or unset; False is an error). `runner="pooling"` (or vLLM's
         older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
         (`override_pooler_config`: its older name). `data_parallel_size` > 1: that many engine replicas
@@ -85,6 +87,8 @@ class LLM:
         `tokenizer_revision`, `download_dir`: how a hub id is fetched (its snapshot, a hub tokenizer's, the
         cache folder)."""
         del trust_remote_code
+        if tokenizer_mode != "auto":
+            raise ValueError(f"tokenizer_mode must be 'auto' (vLLM's default, Heron's mode), got {tokenizer_mode!r}.")
         config = EngineConfig(
             model=ModelConfig(
                 model=model,

@@ -23,7 +23,9 @@ def test_prompt_forms():
 
 def test_dict_prompts_generate_as_plain_ones(tiny_model_dir):
     # vLLM's keywords for what Heron always does are accepted
-    llm = LLM(tiny_model_dir("llama"), kv_cache_memory=8 << 20, trust_remote_code=True, enable_chunked_prefill=True)
+    folder = tiny_model_dir("llama")
+    vllm_habits = dict(trust_remote_code=True, enable_chunked_prefill=True, tokenizer_mode="auto")
+    llm = LLM(folder, kv_cache_memory=8 << 20, **vllm_habits)
     ids = llm.get_tokenizer()("Hello there").input_ids
     plain = llm.generate(["Hello there", ids], GREEDY, use_tqdm=False)
     typed = llm.generate([{"prompt": "Hello there"}, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False)
@@ -31,3 +33,5 @@ def test_dict_prompts_generate_as_plain_ones(tiny_model_dir):
     assert typed[0].prompt == "Hello there" and typed[1].prompt_token_ids == ids
     with pytest.raises(ValueError, match="TextPrompt"):
         llm.generate([{"prompt": 1}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="tokenizer_mode must be 'auto'"):
+        LLM(folder, tokenizer_mode="slow")
