@@ -308,7 +308,10 @@ def _root(request: Request) -> str:
     return request.scope.get("root_path", "").rstrip("/")
 
 
-@router.get("/docs", include_in_schema=False)
+docs_router = APIRouter()  # /docs, with /openapi.json and /swagger-ui: absent with --disable-fastapi-docs
+
+
+@docs_router.get("/docs", include_in_schema=False)
 async def swagger_ui(request: Request) -> HTMLResponse:
     # The assets come from this server (the swagger-ui-bundle package), so the page works offline.
     root = _root(request)
@@ -333,10 +336,11 @@ async def playground() -> HTMLResponse:
 @router.get("/", include_in_schema=False)
 async def index(request: Request) -> HTMLResponse:
     root = _root(request)
+    docs = f"<li><a href={root}/docs>API docs</a>" if request.app.openapi_url else ""
     return HTMLResponse(
         f"<!doctype html><meta charset=utf-8><title>Heron {__version__}</title>"
         f"<h1>Heron {__version__}</h1><ul><li><a href={root}/playground>Playground</a> (chat with the served "
-        f"models)<li><a href={root}/docs>API docs</a><li><a href={root}/metrics>Metrics</a></ul>"
+        f"models){docs}<li><a href={root}/metrics>Metrics</a></ul>"
     )
 
 
@@ -487,11 +491,14 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url=None if args.disable_fastapi_docs else "/openapi.json",
         description="OpenAI-compatible API of the Heron inference engine.",
     )
     app.state.server = state
     app.include_router(router)
-    app.mount("/swagger-ui", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+    if not args.disable_fastapi_docs:
+        app.include_router(docs_router)
+        app.mount("/swagger-ui", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app, state)
     # Added innermost first: a request meets CORS, InternalErrorMiddleware, the key check, then the size.

@@ -174,6 +174,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="do not log requests (the default; vLLM's older flag)",
     )
     g.add_argument("--disable-log-stats", action="store_true", help="no periodic engine statistics in the log")
+    g.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="serve no /openapi.json, /docs or its /swagger-ui assets",
+    )
 
 
 @dataclass(frozen=True)

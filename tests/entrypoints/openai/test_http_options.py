@@ -1,6 +1,7 @@
 """What vLLM's HTTP flags set, in-process over a stand-in engine (fake_engine.py): CORS (--allowed-origins and
-the rest; a browser's preflight is answered before the API-key check), --root-path (the schema and the pages
-link through the proxy's prefix) and HTTPS (--ssl-keyfile / --ssl-certfile, on a real socket)."""
+the rest; a browser's preflight is answered before the API-key check), --disable-fastapi-docs, --root-path (the
+schema and the pages link through the proxy's prefix) and HTTPS (--ssl-keyfile / --ssl-certfile, on a real
+socket)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def test_a_cors_list_must_be_json(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--allowed-origins", "https://a.example"])
     assert "--allowed-origins: not JSON" in capsys.readouterr().err
+
+
+def test_disable_fastapi_docs_leaves_out_the_schema_and_the_docs(monkeypatch):
+    for flags, status in (((), 200), (("--disable-fastapi-docs",), 404)):
+        app, _ = build_app(monkeypatch, says_hi, *flags)
+        with TestClient(app) as http:
+            for path in ("/openapi.json", "/docs", "/swagger-ui/swagger-ui.css"):
+                assert http.get(path).status_code == status, (flags, path)
+            assert ("href=/docs" in http.get("/").text) == (status == 200)
+            assert http.get("/v1/models").status_code == 200
 
 
 @contextlib.contextmanager
