@@ -116,6 +116,8 @@ class PoolerConfig:
 
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# The sampling parameters a model's generation config (and --override-generation-config) give requests by default
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 def is_hub_id(model: str | ModelSource | None) -> bool:
@@ -145,8 +147,10 @@ class ModelConfig:
     # None: as the checkpoint is (its config.json's quantization_config, if any)
     quantization: str | None = None
     # Default sampling parameters: "auto" the model's generation_config.json, "vllm" none (SamplingParams'
-    # defaults), or a folder holding a generation_config.json.
+    # defaults), or a folder holding a generation_config.json; `override_generation_config` sets some of them
+    # over that (vLLM's --override-generation-config)
     generation_config: str = "auto"
+    override_generation_config: dict | None = None
     # "generate", or "pooling": every request is an embedding (prefill only, no decode; docs/server.md). vLLM's
     # older task="embed" means "pooling", task="generate" "generate".
     runner: str = "generate"
@@ -166,6 +170,14 @@ class ModelConfig:
         if self.quantization not in (None, "fp8", "awq", "gptq", "compressed-tensors"):
             raise ValueError(
                 f"quantization must be 'fp8', 'awq', 'gptq', 'compressed-tensors' or None, got {self.quantization!r}."
+            )
+        if not isinstance(self.override_generation_config, dict | None):
+            raise ValueError(f"override_generation_config must be a dict, got {self.override_generation_config!r}.")
+        unknown = sorted(set(self.override_generation_config or {}) - set(GENERATION_DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f"override_generation_config: {', '.join(unknown)} cannot be set (the default sampling parameters "
+                f"are {', '.join(GENERATION_DEFAULTS)})."
             )
         if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
             os.path.join(self.generation_config, "generation_config.json")

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from heron.config import EngineConfig, default_max_num_seqs, resolve_device
+from heron.config import GENERATION_DEFAULTS, EngineConfig, default_max_num_seqs, resolve_device
 from heron.distributed import get_tp_world_size
 from heron.engine import beam_search, pooling
 from heron.engine.block_manager import BlockManager
@@ -92,9 +92,9 @@ class LLMEngine:
         self.kv_window = self.model_cfg.sliding_window if all_sliding else None
         self.eos_token_ids = _eos_ids(source.generation_config, self.model_cfg, self.tokenizer)
         gen = _default_sampling_config(config.model.generation_config, source.generation_config)
-        self.generation_defaults = {
-            k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen
-        }
+        gen = {**gen, **(config.model.override_generation_config or {})}
+        self.generation_defaults = {k: gen[k] for k in GENERATION_DEFAULTS if k in gen}
+        SamplingParams(**self.generation_defaults)  # an override out of its range is an error here, at start
 
         # A pooling model (runner "pooling"): its pooler resolved once, before the runner that builds it.
         self.pooler_config, self.matryoshka = None, None

@@ -4,6 +4,7 @@ the EngineConfig they make."""
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -139,6 +140,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "(SamplingParams' defaults); a folder: its generation_config.json",
     )
     g.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default=None,
+        help='default sampling parameters set over --generation-config\'s, as JSON: {"temperature": 0.5} '
+        "(temperature, top_p, top_k, repetition_penalty)",
+    )
+    g.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="accepted for vLLM's command lines; Heron runs only its own model code, never the model folder's",
@@ -223,6 +231,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             download_dir=args.download_dir,
             quantization=args.quantization,
             generation_config=args.generation_config,
+            override_generation_config=args.override_generation_config,
             runner=resolve_runner(args.runner, args.task),
             pooler_config=PoolerConfig.parse(args.pooler_config),
             **model_extra,
@@ -254,3 +263,14 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
         disable_cascade_attn=args.disable_cascade_attn,
         matmul_tuning=args.matmul_tuning == "on",
     )
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object (vLLM's form for --override-generation-config)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'a JSON object, like {{"temperature": 0.5}}, is wanted, got {text!r}')
+    return value

@@ -58,6 +58,8 @@ class LLM:
         disable_cascade_attn: bool = False,
         chat_template: str | None = None,
         load_format: str = "auto",
+        generation_config: str = "auto",
+        override_generation_config: dict | None = None,
         revision: str | None = None,
         tokenizer_revision: str | None = None,
         download_dir: str | None = None,
@@ -85,7 +87,9 @@ class LLM:
         (`data_parallel_backend` mp: local processes; ray: Ray actors, on the cluster of RAY_ADDRESS or a Ray
         already initialized) share the prompts; outputs still come in input order. `revision`,
         `tokenizer_revision`, `download_dir`: how a hub id is fetched (its snapshot, a hub tokenizer's, the
-        cache folder)."""
+        cache folder). `generation_config` ("auto": the model's generation_config.json, "vllm": none, or a
+        folder's) gives requests their default sampling parameters, `override_generation_config` sets some of
+        them over it ({"temperature": 0.5})."""
         del trust_remote_code
         if tokenizer_mode != "auto":
             raise ValueError(f"tokenizer_mode must be 'auto' (vLLM's default, Heron's mode), got {tokenizer_mode!r}.")
@@ -98,6 +102,8 @@ class LLM:
                 seed=seed,
                 chat_template=chat_template,
                 load_format=load_format,
+                generation_config=generation_config,
+                override_generation_config=override_generation_config,
                 revision=revision,
                 tokenizer_revision=tokenizer_revision,
                 download_dir=download_dir,

@@ -38,6 +38,15 @@ def test_vllm_flags_are_accepted(tmp_path):
         bad.verify()
     (tmp_path / "generation_config.json").write_text('{"temperature": 0.3}')
     bad.verify()
+    override = engine_config(_serve("--override-generation-config", '{"temperature": 0.5}')).model
+    assert override.override_generation_config == {"temperature": 0.5}
+
+
+def test_override_generation_config_must_be_a_json_object(capsys):
+    for text, why in (("temperature=0.5", "not JSON"), ("[1]", "a JSON object")):
+        with pytest.raises(SystemExit):
+            _serve("--override-generation-config", text)
+        assert f"--override-generation-config: {why}" in capsys.readouterr().err
 
 
 def test_chunked_prefill_is_always_on():

@@ -215,6 +215,33 @@ def test_chunked_prefill_cannot_be_turned_off(tiny_model_dir):
         LLM(tiny_model_dir("llama"), kv_cache_memory=16 << 20, enable_chunked_prefill=False)
 
 
+def test_generation_config_and_its_override_set_the_default_sampling(tmp_path, tiny_model_dir):
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model_dir("llama"), path)
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
+
+    def defaults(**kwargs) -> tuple:
+        llm = LLM(str(path), kv_cache_memory=16 << 20, **kwargs)
+        p = llm.get_default_sampling_params()
+        llm.shutdown()
+        return p.temperature, p.top_p, p.top_k
+
+    assert defaults() == (0.7, 0.9, SamplingParams().top_k)
+    assert defaults(override_generation_config={"temperature": 0.25, "top_k": 5}) == (0.25, 0.9, 5)
+    plain = SamplingParams()  # generation_config "vllm": none from the folder
+    assert defaults(generation_config="vllm", override_generation_config={"top_k": 5}) == (
+        plain.temperature,
+        plain.top_p,
+        5,
+    )
+    with pytest.raises(ValueError, match="override_generation_config: max_new_tokens cannot be set"):
+        LLM(str(path), override_generation_config={"max_new_tokens": 8})
+    with pytest.raises(ValueError, match="temperature must be a number"):
+        LLM(str(path), kv_cache_memory=16 << 20, override_generation_config={"temperature": -1})
+
+
 def test_corrupt_weight_file_is_named(tmp_path, tiny_model_dir):
     import shutil
 
