@@ -265,12 +265,17 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
     )
 
 
-def _json_object(text: str) -> dict:
-    """A flag's JSON object (vLLM's form for --override-generation-config)."""
+def json_flag(text: str) -> object:
+    """A flag's value given as JSON (vLLM's form for objects and lists), or argparse's error."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object (--override-generation-config)."""
+    value = json_flag(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f'a JSON object, like {{"temperature": 0.5}}, is wanted, got {text!r}')
     return value

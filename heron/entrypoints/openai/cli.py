@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from heron.entrypoints.engine_args import add_engine_args
+from heron.entrypoints.engine_args import add_engine_args, json_flag
 from heron.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_SEQS_PER_REQUEST
 from heron.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from heron.metrics import COMPAT_PREFIXES
@@ -209,10 +209,7 @@ def parse_lora_module(text: str) -> LoRAModulePath:
 
 def _json_strings(text: str) -> list[str]:
     """A flag's JSON list of strings (vLLM's form for the CORS lists)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    value = json_flag(text)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise argparse.ArgumentTypeError(f'a JSON list of strings, like ["*"], is wanted, got {text!r}')
     return value
