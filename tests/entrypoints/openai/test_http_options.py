@@ -5,21 +5,16 @@ socket)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import ssl
 import subprocess
-import threading
-import time
-from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from heron.entrypoints.openai import api_server
-from tests.entrypoints.openai.fake_engine import build_app, output
+from tests.entrypoints.openai.fake_engine import build_app, output, serve_in_thread
 from tests.entrypoints.openai.remote_server import free_port
 
 ORIGIN = "https://ui.example"
@@ -73,36 +68,15 @@ def test_disable_fastapi_docs_leaves_out_the_schema_and_the_docs(monkeypatch):
             assert http.get("/v1/models").status_code == 200
 
 
-@contextlib.contextmanager
-def serving(app) -> Iterator[None]:
+def _serve(app, **kwargs):
     """The app under uvicorn with the server's own settings (`api_server.uvicorn_config`), in a thread."""
-    server = uvicorn.Server(api_server.uvicorn_config(app, app.state.server.args))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def _first_answer(send: Callable[[], httpx.Response]) -> httpx.Response:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return send()
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return serve_in_thread(app, config=api_server.uvicorn_config(app, app.state.server.args), **kwargs)
 
 
 def test_root_path_reaches_the_schema_and_the_pages(monkeypatch):
-    port = free_port()
-    app, _ = build_app(monkeypatch, says_hi, "--root-path", "/heron", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"  # the proxy strips the prefix: the paths arrive without it
-    with serving(app):
-        assert _first_answer(lambda: httpx.get(f"{url}/openapi.json")).json()["servers"] == [{"url": "/heron"}]
+    app, _ = build_app(monkeypatch, says_hi, "--root-path", "/heron", "--port", str(free_port()))
+    with _serve(app) as (url, _):  # the proxy strips the prefix: the paths arrive without it
+        assert httpx.get(f"{url}/openapi.json").json()["servers"] == [{"url": "/heron"}]
         assert "/heron/openapi.json" in httpx.get(f"{url}/docs").text
         assert "href=/heron/playground" in httpx.get(f"{url}/").text
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "fake"
@@ -128,10 +102,9 @@ def test_https_with_the_ssl_flags(monkeypatch, certificate):
     port = free_port()
     app, _ = build_app(monkeypatch, says_hi, "--ssl-keyfile", key, "--ssl-certfile", cert, "--port", str(port))
     trusted = ssl.create_default_context(cafile=cert)
-    with serving(app):
-        r = _first_answer(
-            lambda: httpx.post(f"https://127.0.0.1:{port}/v1/completions", json={"prompt": "x"}, verify=trusted)
-        )
+    with _serve(app, verify=trusted) as (url, _):
+        assert url == f"https://127.0.0.1:{port}"
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, verify=trusted)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hi"
         with pytest.raises(httpx.TransportError):  # no plain HTTP on that port
             httpx.get(f"http://127.0.0.1:{port}/health")
