@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heron.sampling_params import DEFAULT_MAX_LOGPROBS
+
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -132,6 +134,7 @@ class ModelConfig:
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None
     seed: int = 0
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # per token, a request's most; -1: the whole vocabulary
     chat_template: str | None = None
     served_model_name: str | None = None
     # "auto" | "safetensors" (the same for a folder or hub id: its *.safetensors; not a GGUF file) | "dummy"
@@ -157,6 +160,8 @@ class ModelConfig:
     pooler_config: PoolerConfig | None = None  # runner "pooling": overrides what the model folder says
 
     def verify(self) -> None:
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (the vocabulary) or at least 0, got {self.max_logprobs!r}.")
         if self.runner not in ("generate", "pooling"):
             raise ValueError(f"runner must be 'generate' or 'pooling', got {self.runner!r}.")
         if self.pooler_config is not None:

@@ -38,7 +38,9 @@ def _fmt(x: float) -> str:
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_LOGPROBS = 20  # as vLLM's default max_logprobs: the sampler's top-k of logprobs stays small
+# vLLM's default max_logprobs, the most a request may ask per token (--max-logprobs raises it, checked by the
+# engine); a beam search's draws carry at most this many, so its width is at most half of it
+DEFAULT_MAX_LOGPROBS = 20
 TOKEN_ID = Range(0, INT32_MAX, integer=True)
 LOGIT_BIAS = Range(-100.0, 100.0)
 
@@ -57,8 +59,8 @@ RANGES: dict[str, Range] = {
     "seed": Range(INT64_MIN, INT64_MAX, integer=True),
     "max_tokens": Range(1, INT32_MAX, integer=True),
     "min_tokens": Range(0, INT32_MAX, integer=True),
-    "logprobs": Range(0, MAX_LOGPROBS, integer=True),
-    "prompt_logprobs": Range(0, MAX_LOGPROBS, integer=True),
+    "logprobs": Range(0, INT32_MAX, integer=True),  # at most the engine's max_logprobs
+    "prompt_logprobs": Range(0, INT32_MAX, integer=True),
 }
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")  # None: unset
 
@@ -84,6 +86,18 @@ class StructuredOutputsParams:
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar")  # the values of vLLM's backend setting that mean Heron's
+
+
+def check_structured_outputs_config(config: dict) -> None:
+    """vLLM's engine-wide structured-outputs settings (`--structured-outputs-config`), as far as Heron has
+    them: the backend only, and xgrammar is the one there is. Anything else is a ValueError naming it."""
+    unknown = sorted(set(config) - {"backend"})
+    if unknown:
+        raise ValueError(f"structured outputs config: {', '.join(unknown)} not supported (only backend is).")
+    backend = config.get("backend", "auto")
+    if backend not in STRUCTURED_OUTPUTS_BACKENDS:
+        raise ValueError(f"structured outputs backend {backend!r} is not supported: Heron's one backend is xgrammar.")
 
 
 @dataclass
@@ -104,8 +118,8 @@ class BeamSearchParams:
     early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
-        # Each beam's draw carries its top 2 * beam_width logprobs, which MAX_LOGPROBS bounds.
-        Range(1, MAX_LOGPROBS // 2, integer=True).check("beam_width", self.beam_width)
+        # Each beam's draw carries its top 2 * beam_width logprobs, which DEFAULT_MAX_LOGPROBS bounds.
+        Range(1, DEFAULT_MAX_LOGPROBS // 2, integer=True).check("beam_width", self.beam_width)
         RANGES["max_tokens"].check("max_tokens", self.max_tokens)
         Range(-10.0, 10.0).check("length_penalty", self.length_penalty)
         if self.temperature != 0:

@@ -67,6 +67,7 @@ def run_engine_core(
             engine.config.scheduler.max_num_seqs,
             config.model.runner,
             engine.get_stats().num_gpu_blocks,
+            engine.max_logprobs,
         )
         events.send(Ready(info))
         _serve(engine, commands, events)

@@ -34,7 +34,7 @@ from heron.models.loader import load_configured
 from heron.models.pooling import as_causal_lm, matryoshka_dimensions, resolve_pooler_config
 from heron.outputs import EmbeddingRequestOutput, RequestOutput
 from heron.pooling_params import PREFILL_ONLY, PoolingParams
-from heron.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from heron.sampling_params import DEFAULT_MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from heron.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class LLMEngine:
         gen = _default_sampling_config(config.model.generation_config, source.generation_config)
         gen = {**gen, **(config.model.override_generation_config or {})}
         self.generation_defaults = {k: gen[k] for k in GENERATION_DEFAULTS if k in gen}
+        vocab = self.model_cfg.vocab_size  # -1: the whole vocabulary, as in vLLM
+        self.max_logprobs = vocab if config.model.max_logprobs == -1 else min(config.model.max_logprobs, vocab)
         SamplingParams(**self.generation_defaults)  # an override out of its range is an error here, at start
 
         # A pooling model (runner "pooling"): its pooler resolved once, before the runner that builds it.
@@ -197,6 +199,12 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         params = params or SamplingParams()
+        for name in ("logprobs", "prompt_logprobs"):
+            if (getattr(params, name) or 0) > self.max_logprobs:
+                raise ValueError(
+                    f"{name} ({getattr(params, name)}) is more than this engine's max_logprobs ({self.max_logprobs}; "
+                    "--max-logprobs, LLM(max_logprobs=...))."
+                )
         if lora_request is not None:
             self.add_lora(lora_request)
         if params.beam_search is not None:
@@ -322,7 +330,7 @@ class LLMEngine:
         if beam.beam_width > self.config.scheduler.max_num_seqs:
             raise ValueError(f"beam_width ({beam.beam_width}) is more than max_num_seqs.")
         k = beam_search.num_logprobs(beam, len(self.eos_token_ids))
-        if k > MAX_LOGPROBS:
+        if k > DEFAULT_MAX_LOGPROBS:
             raise ValueError(f"beam_width ({beam.beam_width}) is too large for this model's EOS tokens.")
         return replace(
             params,

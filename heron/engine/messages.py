@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from heron.logprobs import RawLogprobs
 from heron.lora_request import LoRARequest
 from heron.pooling_params import PoolingParams
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import DEFAULT_MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
     from heron.stats import EngineStats
@@ -92,6 +92,7 @@ class ServingInfo:
     max_num_seqs: int  # a request's n samples must fit in one batch
     runner: str = "generate"  # "pooling": the engine takes embedding requests only
     num_gpu_blocks: int = 0  # the KV cache's size in blocks (what a data-parallel router remembers per replica)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # a request's logprobs and prompt_logprobs are at most this
 
 
 @dataclass

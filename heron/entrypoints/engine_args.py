@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from heron.sampling_params import DEFAULT_MAX_LOGPROBS, STRUCTURED_OUTPUTS_BACKENDS, check_structured_outputs_config
+
 if TYPE_CHECKING:
     from heron.config import EngineConfig
 
@@ -147,6 +149,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "(temperature, top_p, top_k, repetition_penalty)",
     )
     g.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS,
+        help="the most logprobs a request may ask per token (logprobs, top_logprobs, prompt_logprobs); -1: the "
+        "whole vocabulary",
+    )
+    g.add_argument(
+        "--structured-outputs-config",
+        type=_structured_outputs_config,
+        default=None,
+        help='vLLM\'s structured-outputs settings as JSON: {"backend": "xgrammar"} (or "auto"); xgrammar is '
+        "Heron's one backend, and other settings are refused",
+    )
+    g.add_argument(
+        "--guided-decoding-backend",
+        choices=STRUCTURED_OUTPUTS_BACKENDS,
+        default="auto",
+        help="vLLM's older name for the structured-outputs backend: xgrammar, Heron's one",
+    )
+    g.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="accepted for vLLM's command lines; Heron runs only its own model code, never the model folder's",
@@ -225,6 +247,7 @@ def engine_config(args: argparse.Namespace, **model_extra) -> EngineConfig:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             seed=args.seed,
+            max_logprobs=args.max_logprobs,
             load_format=args.load_format,
             revision=args.revision,
             tokenizer_revision=args.tokenizer_revision,
@@ -271,6 +294,16 @@ def json_flag(text: str) -> object:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+
+
+def _structured_outputs_config(text: str) -> dict:
+    """--structured-outputs-config: a JSON object that `check_structured_outputs_config` accepts."""
+    value = _json_object(text)
+    try:
+        check_structured_outputs_config(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def _json_object(text: str) -> dict:

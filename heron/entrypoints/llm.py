@@ -25,7 +25,13 @@ from heron.lora_request import LoRARequest
 from heron.models.loader import ModelSource
 from heron.outputs import BeamSearchOutput, BeamSearchSequence, EmbeddingRequestOutput, RequestOutput
 from heron.pooling_params import PoolingParams
-from heron.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from heron.sampling_params import (
+    DEFAULT_MAX_LOGPROBS,
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    check_structured_outputs_config,
+)
 
 Prompt = PromptType
 Message = dict[str, object]
@@ -51,6 +57,7 @@ class LLM:
         swap_space: float = 0.0,
         kv_cache_dtype: str = "auto",
         seed: int = 0,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
         device: str = "auto",
         scheduling_policy: str = "fcfs",
         attention_backend: str = "auto",
@@ -69,6 +76,7 @@ class LLM:
         quantization: str | None = None,
         trust_remote_code: bool = False,
         tokenizer_mode: str = "auto",
+        structured_outputs_config: dict | None = None,
         enable_lora: bool = False,
         max_loras: int = 1,
         max_lora_rank: int = 16,
@@ -80,7 +88,8 @@ class LLM:
     ) -> None:
         """`trust_remote_code` is taken as vLLM takes it, and changes nothing: Heron runs its own code for
         every architecture it supports, never code from the model's folder. `tokenizer_mode` is "auto", the
-        one mode (the fast tokenizer where the model has one). Prefills are always chunked
+        one mode (the fast tokenizer where the model has one). `structured_outputs_config` may name the backend,
+        "xgrammar" (or "auto"): the one Heron has. Prefills are always chunked
         (`enable_chunked_prefill` True or unset; False is an error). `runner="pooling"` (or vLLM's
         older `task="embed"`) runs the model for embeddings (`embed`), pooled as `pooler_config` says
         (`override_pooler_config`: its older name). `data_parallel_size` > 1: that many engine replicas
@@ -93,6 +102,7 @@ class LLM:
         del trust_remote_code
         if tokenizer_mode != "auto":
             raise ValueError(f"tokenizer_mode must be 'auto' (vLLM's default, Heron's mode), got {tokenizer_mode!r}.")
+        check_structured_outputs_config(structured_outputs_config or {})
         config = EngineConfig(
             model=ModelConfig(
                 model=model,
@@ -100,6 +110,7 @@ class LLM:
                 dtype=dtype,
                 max_model_len=max_model_len,
                 seed=seed,
+                max_logprobs=max_logprobs,
                 chat_template=chat_template,
                 load_format=load_format,
                 generation_config=generation_config,

@@ -122,6 +122,20 @@ def test_prompt_over_max_model_len_names_both_lengths(embedded_llm):
     assert not embedded_llm.engine.has_unfinished()
 
 
+def test_max_logprobs_bounds_what_a_request_may_ask(embedded_llm, tiny_model_dir):
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=rf"^{name} \(21\) is more than this engine's max_logprobs \(20;"):
+            embedded_llm.generate("hi", SamplingParams(max_tokens=1, **{name: 21}), use_tqdm=False)
+    assert not embedded_llm.engine.has_unfinished()
+    llm = LLM(tiny_model_dir("llama"), kv_cache_memory=16 << 20, max_logprobs=-1)  # -1: the whole vocabulary
+    vocab = llm.engine.model_cfg.vocab_size
+    out = llm.generate("hi", SamplingParams(max_tokens=1, logprobs=vocab), use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs[0]) == vocab
+    llm.shutdown()
+    with pytest.raises(ValueError, match="max_logprobs must be -1"):
+        LLM(tiny_model_dir("llama"), max_logprobs=-2)
+
+
 def test_more_samples_than_max_num_seqs_is_refused(embedded_llm):
     with pytest.raises(ValueError, match=r"^n \(300\)"):
         embedded_llm.generate("hi", SamplingParams(n=300), use_tqdm=False)
@@ -155,9 +169,9 @@ INVALID_SAMPLING_FIELDS = [
     ("seed", 2**63),
     ("seed", -(2**63) - 1),
     ("seed", "7"),
-    ("logprobs", 21),
     ("logprobs", -1),
-    ("prompt_logprobs", 21),
+    ("logprobs", 2**31),
+    ("prompt_logprobs", -1),
     ("stop", [""]),
     ("stop_token_ids", [-1]),
     ("stop_token_ids", [2**31]),

@@ -24,7 +24,12 @@ def test_prompt_forms():
 def test_dict_prompts_generate_as_plain_ones(tiny_model_dir):
     # vLLM's keywords for what Heron always does are accepted
     folder = tiny_model_dir("llama")
-    vllm_habits = dict(trust_remote_code=True, enable_chunked_prefill=True, tokenizer_mode="auto")
+    vllm_habits = dict(
+        trust_remote_code=True,
+        enable_chunked_prefill=True,
+        tokenizer_mode="auto",
+        structured_outputs_config={"backend": "xgrammar"},
+    )
     llm = LLM(folder, kv_cache_memory=8 << 20, **vllm_habits)
     ids = llm.get_tokenizer()("Hello there").input_ids
     plain = llm.generate(["Hello there", ids], GREEDY, use_tqdm=False)
@@ -35,3 +40,5 @@ def test_dict_prompts_generate_as_plain_ones(tiny_model_dir):
         llm.generate([{"prompt": 1}], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="tokenizer_mode must be 'auto'"):
         LLM(folder, tokenizer_mode="slow")
+    with pytest.raises(ValueError, match="backend 'outlines' is not supported"):
+        LLM(folder, structured_outputs_config={"backend": "outlines"})

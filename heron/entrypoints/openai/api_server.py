@@ -121,7 +121,7 @@ class ServerState:
         )
         self.completion = OpenAIServingCompletion(**common)
         auto_tools = self.args.tool_call_parser if self.args.enable_auto_tool_choice else None
-        self.chat = OpenAIServingChat(**common, tool_call_parser=auto_tools)
+        self.chat = OpenAIServingChat(**common, tool_call_parser=auto_tools, response_role=self.args.response_role)
         self.tokenization = OpenAIServingTokenization(**common)
         self.responses = OpenAIServingResponses(**common, tool_call_parser=auto_tools)
         self.embedding = OpenAIServingEmbedding(**common)

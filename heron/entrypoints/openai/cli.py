@@ -105,6 +105,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         "--chat-template", default=None, help="a Jinja chat template, or a file holding one, instead of the tokenizer's"
     )
     g.add_argument(
+        "--response-role",
+        default="assistant",
+        help="the role of a chat answer that follows the generation prompt (request's add_generation_prompt); "
+        "without one, an answer takes the last message's role",
+    )
+    g.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='let the model choose its tool calls (tool_choice "auto", the default with tools); needs '

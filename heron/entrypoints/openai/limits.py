@@ -21,6 +21,7 @@ class RequestLimits:
     max_seqs_per_request: int  # prompts x n of one request (--max-seqs-per-request)
     max_n: int  # min(max_seqs_per_request, max_num_seqs): a request's samples run in one batch
     max_prompt_chars: int  # longer text cannot fit in max_model_len tokens
+    max_logprobs: int  # the engine's: a request's logprobs, top_logprobs and prompt_logprobs at most
 
     @classmethod
     def of(cls, info: ServingInfo, max_seqs_per_request: int) -> RequestLimits:
@@ -30,6 +31,7 @@ class RequestLimits:
             max_seqs_per_request=max_seqs_per_request,
             max_n=min(max_seqs_per_request, info.max_num_seqs),
             max_prompt_chars=info.max_model_len * longest_token(info.tokenizer),
+            max_logprobs=info.max_logprobs,
         )
 
     def check_text(self, text: str) -> str | None:
@@ -76,6 +78,7 @@ class RequestLimits:
             _set(props["best_of"], maximum=self.max_n)
             _set(props["min_tokens"], maximum=self.max_model_len - 1)
             _set(props["max_tokens"], **max_tokens)
+            _set(props["prompt_logprobs"], maximum=self.max_logprobs)
             props["stop_token_ids"]["anyOf"][0]["items"] = token_id
             bias = props["logit_bias"]["anyOf"][0]
             values = next(iter(bias.pop("patternProperties").values()))
@@ -87,6 +90,8 @@ class RequestLimits:
             {"type": "array", "items": token_ids, "minItems": 1, "maxItems": self.max_seqs_per_request},
         ]
         _set(models["ChatCompletionRequest"]["properties"]["max_completion_tokens"], **max_tokens)
+        _set(models["ChatCompletionRequest"]["properties"]["top_logprobs"], maximum=self.max_logprobs)
+        _set(models["CompletionRequest"]["properties"]["logprobs"], maximum=self.max_logprobs)
         for name in ("ChatCompletionRequest", "TokenizeRequest"):
             _set(models[name]["properties"]["messages"], maxItems=self.max_model_len)
         content = models["ChatMessageParam"]["properties"]["content"]["anyOf"][0]

@@ -359,7 +359,7 @@ class ToolCall(OpenAIBaseModel):
 
 
 class ChatMessage(OpenAIBaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role's
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -420,7 +420,7 @@ class DeltaToolCall(DeltaModel):
 
 
 class DeltaMessage(DeltaModel):
-    role: Literal["assistant"] | None = None
+    role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

@@ -35,9 +35,10 @@ from heron.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *, tool_call_parser: str | None = None, **common) -> None:
+    def __init__(self, *, tool_call_parser: str | None = None, response_role: str = "assistant", **common) -> None:
         super().__init__(**common)
         self.tool_call_parser = tool_call_parser  # for tool_choice "auto"; None: not enabled
+        self.response_role = response_role  # --response-role: the answer's role after a generation prompt
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> ChatCompletionResponse | EventStream:
         model = self.model_name(req.model)
@@ -48,9 +49,11 @@ class OpenAIServingChat(OpenAIServing):
         tools.apply(params)
         prompt = self.render(req.messages, req, tools=tools.tools)
         extractors: dict[int, CallExtractor | None] = {}  # per choice, made at its first text
-        # echo: the answer continues the last message when that is the assistant's (continue_final_message).
+        # As vLLM: the answer's role is --response-role's after a generation prompt, else the last message's
+        # (which the answer continues); echo repeats that message's text when the roles match.
         last = req.messages[-1]
-        echo = message_text(last) if req.echo and last.role == "assistant" else ""
+        role = self.response_role if req.add_generation_prompt else last.role
+        echo = message_text(last) if req.echo and last.role == role else ""
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The template already holds the special tokens (BOS and the like): none are added again by default.
         group = await self.start(
@@ -84,7 +87,7 @@ class OpenAIServingChat(OpenAIServing):
 
             # The role first, for each choice; then each one's text as it comes, the finish reason last.
             opening = [
-                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=echo))])
+                chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role=role, content=echo))])
                 for i in range(req.n)
             ]
             options = req.stream_options
@@ -103,7 +106,7 @@ class OpenAIServingChat(OpenAIServing):
             if choice is None:
                 choice = choices[piece.index] = ChatCompletionResponseChoice(
                     index=piece.index,
-                    message=ChatMessage(content=echo),
+                    message=ChatMessage(role=role, content=echo),
                     logprobs=ChatChoiceLogprobs(content=[]) if req.logprobs else None,
                 )
                 if req.prompt_logprobs is not None and prompt_logprobs is None:

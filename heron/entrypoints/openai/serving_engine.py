@@ -244,6 +244,11 @@ class OpenAIServing:
             if req.stream:
                 raise ApiError(400, "prompt_logprobs is not available with stream.", param="prompt_logprobs")
             prompt_logprobs = max(req.prompt_logprobs, prompt_logprobs or 0)
+        for name, k in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if k is not None and k > (most := self.limits.max_logprobs):
+                field = (renames or {}).get(name, name)
+                why = f"{field} ({k}) is more than this server's max_logprobs ({most}; --max-logprobs)."
+                raise ApiError(400, why, param=field)
         defaults = self._generation_defaults
         structured = structured_outputs_params(req)
 

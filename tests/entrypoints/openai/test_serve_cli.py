@@ -168,6 +168,20 @@ def test_bad_choices_are_rejected(flag, value):
         build_parser().parse_args(["serve", flag, value])
 
 
+def test_structured_outputs_backend_flags_take_xgrammar_only(capsys):
+    ok = ["--guided-decoding-backend", "xgrammar", "--structured-outputs-config", '{"backend": "auto"}']
+    args = build_parser().parse_args(["serve", *ok])
+    assert args.guided_decoding_backend == "xgrammar" and args.structured_outputs_config == {"backend": "auto"}
+    for flags, says in (
+        (["--guided-decoding-backend", "outlines"], "invalid choice: 'outlines'"),
+        (["--structured-outputs-config", '{"backend": "guidance"}'], "'guidance' is not supported"),
+        (["--structured-outputs-config", '{"disable_any_whitespace": true}'], "disable_any_whitespace not supported"),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", *flags])
+        assert says in capsys.readouterr().err, flags
+
+
 def test_auto_tool_choice_needs_a_parser():
     from heron.entrypoints.cli import main
 

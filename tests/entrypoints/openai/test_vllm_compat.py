@@ -1,5 +1,5 @@
 """vLLM's request fields and endpoints users rely on, against a server whose chat template (Qwen3-like)
-takes `enable_thinking`."""
+takes `enable_thinking`, started with `--response-role bot --max-logprobs 25`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ USER = [{"role": "user", "content": "Count from 1 to 9, separated by commas."}]
 
 @pytest.fixture(scope="module")
 def server():
-    srv = RemoteServer("--served-model-name", MODEL, "--chat-template", TEMPLATE)
+    srv = RemoteServer(
+        "--served-model-name", MODEL, "--chat-template", TEMPLATE, "--response-role", "bot", "--max-logprobs", "25"
+    )
     yield srv
     srv.stop()
 
@@ -75,7 +77,38 @@ def test_continue_final_message_with_echo(client):
     )
     text = plain.choices[0].message.content
     assert text and echoed.choices[0].message.content == "1, 2, 3," + text
+    # no generation prompt: the answer continues the last message, and takes its role (not --response-role's)
+    assert plain.choices[0].message.role == "assistant" and streamed[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "1, 2, 3," + text
+
+
+def test_response_role_names_the_answer_after_a_generation_prompt(server):
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2, "echo": True}
+    plain = _post(server, "/v1/chat/completions", body)
+    assert plain.status_code == 200, plain.text
+    message = plain.json()["choices"][0]["message"]
+    assert message["role"] == "bot" and message["content"]  # echo: the last message is the user's, not the bot's
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+    assert '"role":"bot"' in first and '"content":""' in first
+
+
+def test_max_logprobs_sets_how_many_a_request_may_ask(server):
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2, "logprobs": True, "top_logprobs": 25}
+    ok = _post(server, "/v1/chat/completions", body)
+    assert ok.status_code == 200, ok.text
+    assert [len(t["top_logprobs"]) for t in ok.json()["choices"][0]["logprobs"]["content"]] == [25, 25]
+    for path, fields, param in (
+        ("/v1/chat/completions", {**body, "top_logprobs": 26}, "top_logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi", "logprobs": 26}, "logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi", "prompt_logprobs": 26}, "prompt_logprobs"),
+    ):
+        refused = _post(server, path, fields)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        assert "max_logprobs (25; --max-logprobs)" in refused.json()["error"]["message"]
+    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]
+    top = schema["ChatCompletionRequest"]["properties"]["top_logprobs"]["anyOf"][0]
+    assert top["maximum"] == 25
 
 
 def test_prompt_logprobs_match_echoed_logprobs(client):
