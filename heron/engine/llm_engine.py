@@ -94,7 +94,9 @@ class LLMEngine:
         gen = _default_sampling_config(config.model.generation_config, source.generation_config)
         gen = {**gen, **(config.model.override_generation_config or {})}
         self.generation_defaults = {k: gen[k] for k in GENERATION_DEFAULTS if k in gen}
-        vocab = self.model_cfg.vocab_size  # -1: the whole vocabulary, as in vLLM
+        # A request's most logprobs per token: max_logprobs -1 is the whole vocabulary (as in vLLM), and none asks
+        # for more than the vocabulary (the sampler's top-k)
+        vocab = self.model_cfg.vocab_size
         self.max_logprobs = vocab if config.model.max_logprobs == -1 else min(config.model.max_logprobs, vocab)
         SamplingParams(**self.generation_defaults)  # an override out of its range is an error here, at start
 
