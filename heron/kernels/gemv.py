@@ -93,6 +93,9 @@ MAX_M = 16
 # LoRA at one row: the weight tiles' handshake counters in LORA_GROUPS independent groups (tile % LORA_GROUPS),
 # each group's pair on its own 128-byte line (LINE_INTS apart), so no one L2 line takes every tile's atomics
 LORA_GROUPS, LINE_INTS = 32, 32
+# ... and a GEMV of more weight tiles than this takes the shrink launch instead of the A rows (every weight tile
+# pays the A rows' handshake in its epilogue; the shrink launch costs one launch and a load of its sums)
+LORA_ROWS_MAX_TILES = 600
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8 = torch.float8_e4m3fn  # a weight in float8 comes with a float32 scale per row (heron/kernels/gemm/fp8.py)
 
@@ -541,7 +544,8 @@ def _launch(
         cfg = replace(cfg, split_k=1)
     assert cfg.dot or m == 1, "the FMA path takes one row"
     m_pad = 16 if cfg.dot else 1
-    if isinstance(lora, LoRARows) and (cfg.dot or weight_scale is not None):
+    many_tiles = triton.cdiv(n, cfg.block_n) > LORA_ROWS_MAX_TILES
+    if isinstance(lora, LoRARows) and (cfg.dot or weight_scale is not None or many_tiles):
         lora = lora.shrink()  # A rows only on the FMA path, of the weight's dtype: the shrink's kernel first
     if isinstance(lora, LoRARows):  # LoRA mode 2: the shrink's A rows as the grid's first tiles
         mode = 2
