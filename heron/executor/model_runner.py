@@ -10,6 +10,7 @@ Length: the one owner of a step's tensors; its parts (layout, buffers, graph key
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from types import SimpleNamespace
@@ -64,6 +65,10 @@ class ModelRunner:
             from heron.kernels.common import compiles_expected
 
             compiles_expected(self)
+            # What an engine built before this one in the process freed goes back to the driver first: else the
+            # weights are carved out of its cached segments, and the KV cache cannot have that memory in one piece
+            gc.collect()
+            torch.cuda.empty_cache()
         self.model_cfg = model_cfg
         self.block_size = config.cache.block_size
         # this rank's heads: its attention and its share of the KV cache (all of them at one rank)
@@ -209,8 +214,14 @@ class ModelRunner:
         self.kv_cache = None
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        other_processes = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes
+        reserved = torch.cuda.memory_reserved(self.device)
+        other_processes = total - free - reserved
+        # Cached but unused bytes that empty_cache could not return sit in segments that live tensors share: no
+        # KV cache of one piece can have them. Left out, the budget is at most what the driver has free.
+        stranded = reserved - torch.cuda.memory_allocated(self.device)
+        if stranded > 2**30:
+            logger.warning("%.2f GiB of cached GPU memory is fragmented: the KV cache leaves it out", stranded / 2**30)
+        budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes - stranded
         logger.info(
             "profiled a %d-token step: peak %.2f GiB without the KV cache; %.2f GiB left for it",
             tokens,
