@@ -21,8 +21,9 @@ def report(label: str) -> None:
         f"reserved {torch.cuda.memory_reserved() / 2**30:.2f} GiB"
     )
     live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > 1 << 20]
-    for t in sorted(live, key=lambda t: -t.untyped_storage().nbytes())[:8]:
-        holders = [type(r).__name__ for r in gc.get_referrers(t) if r is not live][:6]
+    largest = sorted(live, key=lambda t: -t.untyped_storage().nbytes())[:8]
+    for t in largest:
+        holders = [type(r).__name__ for r in gc.get_referrers(t) if r is not live and r is not largest][:6]
         print(f"  live {tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes() / 2**20:.0f} MiB, held by {holders}")
 
 
