@@ -1,17 +1,21 @@
 """Multi-LoRA under load (`heron bench throughput --lora-adapters DIR ...`): the workload's requests with the
 adapters assigned round robin (request i runs adapter i mod N) on an engine built with --enable-lora, then the
 same requests on the base model alone (an engine without LoRA, built after the first is freed), in the same
-run: `ratio_vs_base` is the ratio of their output tokens/s. `benchmarks/make_loras.py` writes random adapters
-for a shapes folder (--load-format dummy)."""
+run: `ratio_vs_base` is the ratio of their output tokens/s, with each engine's KV-cache blocks beside it (a base
+engine given less cache than the adapters' one would flatter them: a warning says so). `benchmarks/make_loras.py`
+writes random adapters for a shapes folder (--load-format dummy)."""
 
 from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import time
 from collections.abc import Callable
 
 from heron.bench.datasets import BenchRequest
+
+logger = logging.getLogger(__name__)
 
 
 def time_generate(llm, requests: list[BenchRequest], temperature: float, sync, lora_requests=None) -> float:
@@ -45,12 +49,17 @@ def time_both(args: argparse.Namespace, requests: list[BenchRequest], make_llm: 
     round_robin = [adapters[i % len(adapters)] for i in range(len(requests))]
     llm = make_llm(args)
     lora_s = time_generate(llm, requests, args.temperature, sync, round_robin)
-    slug = model_slug(llm)
+    slug, kv_blocks = model_slug(llm), llm.engine.block_manager.num_blocks
     del llm
     gc.collect()
     torch.cuda.empty_cache()
     llm = make_llm(argparse.Namespace(**{**vars(args), "enable_lora": False}))
     base_s = time_generate(llm, requests, args.temperature, sync)
+    base_kv_blocks = llm.engine.block_manager.num_blocks
+    if base_kv_blocks < kv_blocks:
+        logger.warning(
+            "the base model's engine has fewer KV-cache blocks (%d) than the adapters' (%d)", base_kv_blocks, kv_blocks
+        )
     tokens = sum(r.output_len for r in requests)
     metrics = {
         "output_tokens_per_s": tokens / lora_s,
@@ -60,6 +69,8 @@ def time_both(args: argparse.Namespace, requests: list[BenchRequest], make_llm: 
         "base_elapsed_s": base_s,
         "num_requests": len(requests),
         "output_tokens": tokens,
+        "kv_blocks": kv_blocks,
+        "base_kv_blocks": base_kv_blocks,
         "num_adapters": len(adapters),
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,

@@ -40,6 +40,7 @@ def test_lora_arm_against_the_base_model(tiny_model_dir, tmp_path, capsys):
     m = json.loads((tmp_path / f"cpu-lora-{Path(model).name}.json").read_text())["metrics"]
     assert m["num_adapters"] == 3 and m["num_requests"] == 6
     assert m["ratio_vs_base"] == m["base_elapsed_s"] / m["elapsed_s"] > 0
+    assert m["kv_blocks"] == m["base_kv_blocks"] > 0  # both engines' caches from the same 10 MiB
     assert "ratio vs base" in capsys.readouterr().out
 
     argv = ["bench", "latency", "--model", model, "--device", "cpu", "--kv-cache-memory-bytes", str(10 << 20)]
