@@ -158,6 +158,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be drawn (vLLM's); their logprobs stay the raw ones
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -193,10 +194,21 @@ class SamplingParams:
         for t, b in (self.logit_bias or {}).items():
             TOKEN_ID.check("logit_bias", t)
             LOGIT_BIAS.check("logit_bias", b)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must hold at least one token id (None: every token).")
+            for t in self.allowed_token_ids:
+                TOKEN_ID.check("allowed_token_ids", t)
+            if self.beam_search is not None or self.structured_outputs is not None:
+                raise ValueError("allowed_token_ids cannot be combined with beam search or structured outputs.")
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids given here must name tokens of the model: one that never appears would be ignored."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):
+        for name, ids in (
+            ("stop_token_ids", self.stop_token_ids),
+            ("logit_bias", self.logit_bias or ()),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+        ):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ValueError(f"{name} must be token ids below the vocabulary size ({vocab_size}), got {bad[0]}.")

@@ -242,6 +242,12 @@ class LLMEngine:
             )
         # max_tokens left out: up to the context (as in vLLM), so every request has a known length limit
         params = replace(params, eos_token_ids=self.eos_token_ids, max_tokens=params.max_tokens or room)
+        if (
+            params.allowed_token_ids
+            and params.min_tokens
+            and set(params.allowed_token_ids) <= params.all_stop_token_ids
+        ):
+            raise ValueError("allowed_token_ids are all stop tokens, and min_tokens asks for other tokens first.")
         seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
         req = Request(
             request_id,

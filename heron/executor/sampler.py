@@ -91,6 +91,9 @@ class SamplingTensors:
     bias_rows: torch.Tensor | None  # logit_bias and min_tokens as sparse (row, token, value) triples
     bias_tokens: torch.Tensor | None
     bias_values: torch.Tensor | None
+    # allowed_token_ids: the rows that have them, and (row, token) pairs of what each allows
+    allowed_rows: torch.Tensor | None
+    allowed_pairs: tuple[torch.Tensor, torch.Tensor] | None
     all_greedy: bool
     need_min_p: bool
     max_logprobs: int  # -1: no row wants logprobs
@@ -142,11 +145,16 @@ class SamplingTensors:
             # back before its next step, and other rows' counts do not matter)
             output_tokens = i64(_pad([t[s.num_prompt_tokens :] for s, t in zip(specs, tokens)], vocab))
         bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
+        allowed_rows, allowed_pair_rows, allowed_tokens = [], [], []
         for r in extras:
             p = specs[r].params
             bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
             if positions[r] < p.min_tokens:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
+            if p.allowed_token_ids:
+                allowed_rows.append(r)
+                allowed_pair_rows += [r] * len(p.allowed_token_ids)
+                allowed_tokens += p.allowed_token_ids
         bias_cols = list(zip(*bias)) if bias else None
         return cls(
             temperature=dev_rows[0],
@@ -163,6 +171,8 @@ class SamplingTensors:
             bias_rows=i64(bias_cols[0]) if bias else None,
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
+            allowed_rows=i64(allowed_rows) if allowed_rows else None,
+            allowed_pairs=(i64(allowed_pair_rows), i64(allowed_tokens)) if allowed_rows else None,
             all_greedy=all_greedy,
             need_min_p=not all_greedy and bool((hf[2, :n] > 0).any()),
             max_logprobs=int(ints[:, 2].max(initial=-1)),
@@ -371,6 +381,8 @@ class Sampler:
             logits = logits.index_put((t.bias_rows, t.bias_tokens), t.bias_values.to(logits.dtype), accumulate=True)
         if t.repetition_penalty is not None:
             logits = apply_penalties(logits, t)
+        if t.allowed_rows is not None:
+            logits = apply_allowed_token_ids(logits, t.allowed_rows, t.allowed_pairs)
         if t.all_greedy:
             token_ids = logits.argmax(dim=-1)
         else:
@@ -379,6 +391,16 @@ class Sampler:
         if raw_logprobs is None:
             return SamplerOutput(token_ids, None, None, None)
         return SamplerOutput(token_ids, *gather_logprobs(raw_logprobs, token_ids, t.max_logprobs))
+
+
+def apply_allowed_token_ids(
+    logits: torch.Tensor, rows: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """-inf on every token of `rows` but the (row, token) `pairs` they allow; the other rows unchanged."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    keep[rows] = False
+    keep[pairs] = True
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -204,6 +204,17 @@ def test_sampling_ranges_hold_at_their_edges(embedded_llm):
     assert outs[4].token_ids == [vocab - 1] and outs[4].finish_reason == "stop"
 
 
+def test_allowed_token_ids_bound_what_is_drawn(embedded_llm):
+    allowed = [17, 28, 905]
+    params = SamplingParams(temperature=1.0, seed=1, max_tokens=8, ignore_eos=True, allowed_token_ids=allowed)
+    out = embedded_llm.generate("Hello", params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 8 and set(out.token_ids) <= set(allowed)
+    eos = embedded_llm.engine.eos_token_ids[0]
+    with pytest.raises(ValueError, match="allowed_token_ids are all stop tokens"):
+        embedded_llm.generate("Hello", SamplingParams(min_tokens=2, allowed_token_ids=[eos]), use_tqdm=False)
+    assert not embedded_llm.engine.has_unfinished()
+
+
 def test_token_ids_outside_the_vocabulary_are_refused(embedded_llm):
     vocab = embedded_llm.engine.model_cfg.vocab_size
     for params in (SamplingParams(logit_bias={vocab: 5.0}), SamplingParams(stop_token_ids=[vocab])):

@@ -6,7 +6,7 @@ import torch
 
 from heron.batch import SamplingSpec
 from heron.executor.sampler import Sampler, SamplingTensors, uniform_noise
-from heron.sampling_params import SamplingParams
+from heron.sampling_params import SamplingParams, StructuredOutputsParams
 
 V = 50
 
@@ -93,6 +93,40 @@ def test_logit_bias_and_min_tokens():
     logits[0, 9] = 10.0
     assert sample(logits, [p]).token_ids.item() != 9  # output position 0 < min_tokens
     assert sample(logits, [p], outputs={0: [1, 1]}).token_ids.item() == 9
+
+
+def test_allowed_token_ids_restrict_their_rows_only():
+    torch.manual_seed(3)
+    n = 300
+    logits = torch.randn(n, V)
+    allowed = [4, 17, 30]
+    params = [SamplingParams(temperature=1.5, allowed_token_ids=allowed, logprobs=1)] * (n - 1) + [
+        SamplingParams(temperature=0)
+    ]
+    out = sample(logits, params, seeds=list(range(n)))
+    drawn = out.token_ids[:-1].tolist()
+    assert set(drawn) == set(allowed)  # each allowed token drawn at least once over 299 rows, nothing else
+    assert out.token_ids[-1].item() == logits[-1].argmax().item()  # a row without them: unrestricted
+    # the logprobs reported are the raw ones (as vLLM's), not renormalized over the allowed tokens
+    raw = logits.log_softmax(-1)
+    assert torch.allclose(out.logprobs[:-1, 0], raw[:-1].gather(1, out.token_ids[:-1, None])[:, 0])
+    greedy = sample(logits[:1], [SamplingParams(temperature=0, allowed_token_ids=allowed)])
+    assert greedy.token_ids.item() == allowed[int(logits[0, allowed].argmax())]
+
+
+@pytest.mark.parametrize(
+    "kwargs,says",
+    [
+        ({"allowed_token_ids": []}, "at least one"),
+        ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+        ({"allowed_token_ids": [1], "structured_outputs": StructuredOutputsParams(regex="a")}, "cannot be combined"),
+    ],
+)
+def test_allowed_token_ids_are_checked(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match="allowed_token_ids must be token ids below the vocabulary size"):
+        SamplingParams(allowed_token_ids=[V]).verify_vocab(V)
 
 
 @pytest.mark.parametrize("k", [0, 3])

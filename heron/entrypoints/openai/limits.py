@@ -80,6 +80,7 @@ class RequestLimits:
             _set(props["max_tokens"], **max_tokens)
             _set(props["prompt_logprobs"], maximum=self.max_logprobs)
             props["stop_token_ids"]["anyOf"][0]["items"] = token_id
+            props["allowed_token_ids"]["anyOf"][0]["items"] = token_id
             bias = props["logit_bias"]["anyOf"][0]
             values = next(iter(bias.pop("patternProperties").values()))
             bias.update(propertyNames={"pattern": below(self.vocab_size)}, additionalProperties=values)

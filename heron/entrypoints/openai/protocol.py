@@ -189,6 +189,9 @@ class SamplingRequest(IgnoredFields):
     min_tokens: ranged("min_tokens") = 0
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    allowed_token_ids: list[TokenId] | None = Field(
+        None, min_length=1, description="Draw only these tokens (their logprobs stay the unrestricted ones)."
+    )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: integer(INT64_MIN, INT64_MAX) = Field(

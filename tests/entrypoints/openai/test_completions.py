@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
+import httpx
 import pytest
 
-from tests.entrypoints.openai.remote_server import ALIAS, MAX_MODEL_LEN, MODEL, parallel
+from tests.entrypoints.openai.remote_server import ALIAS, API_KEY, MAX_MODEL_LEN, MODEL, parallel
 
 pytestmark = pytest.mark.slow
 
@@ -147,6 +148,26 @@ def test_extras_pass_through(client):
         ),
     )
     assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
+
+
+def test_allowed_token_ids_are_the_only_tokens_drawn(server, client):
+    allowed = [17, 28, 905]
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    pieces = {
+        httpx.post(f"{server.url}/detokenize", json={"tokens": [t]}, headers=auth).json()["prompt"] for t in allowed
+    }
+    assert len(pieces) == 3
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=1.0,
+        seed=3,
+        logprobs=0,
+        extra_body={"allowed_token_ids": allowed, "ignore_eos": True},
+    )
+    tokens = out.choices[0].logprobs.tokens
+    assert len(tokens) == 6 and set(tokens) <= pieces
 
 
 def test_async_client(server):

@@ -91,6 +91,14 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"49152": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [49152]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "Hi", "allowed_token_ids": [49152]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "Hi", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "allowed_token_ids": [5], "guided_regex": "a"},
+        400,
+        "allowed_token_ids",
+    ),
     ("/v1/completions", {"prompt": [[1, 2], [10**9]]}, 400, "prompt"),
     ("/detokenize", {"tokens": [49152]}, 400, "tokens"),
 ]
