@@ -7,6 +7,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _SAMPLING_EPS = 1e-5
 
 
@@ -220,6 +222,11 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @functools.cached_property
+    def allowed_token_array(self) -> np.ndarray:
+        """allowed_token_ids as int64, made once: a step copies them in C, however many they are."""
+        return np.asarray(self.allowed_token_ids or (), dtype=np.int64)
 
     @functools.cached_property
     def all_stop_token_ids(self) -> frozenset[int]:

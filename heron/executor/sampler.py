@@ -145,16 +145,14 @@ class SamplingTensors:
             # back before its next step, and other rows' counts do not matter)
             output_tokens = i64(_pad([t[s.num_prompt_tokens :] for s, t in zip(specs, tokens)], vocab))
         bias = []  # (row, token, value): logit_bias, and -inf on stop tokens until min_tokens are out
-        allowed_rows, allowed_pair_rows, allowed_tokens = [], [], []
+        allowed: list[tuple[int, np.ndarray]] = []  # (row, its allowed_token_ids)
         for r in extras:
             p = specs[r].params
             bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
             if positions[r] < p.min_tokens:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
             if p.allowed_token_ids:
-                allowed_rows.append(r)
-                allowed_pair_rows += [r] * len(p.allowed_token_ids)
-                allowed_tokens += p.allowed_token_ids
+                allowed.append((r, p.allowed_token_array))
         bias_cols = list(zip(*bias)) if bias else None
         return cls(
             temperature=dev_rows[0],
@@ -171,8 +169,8 @@ class SamplingTensors:
             bias_rows=i64(bias_cols[0]) if bias else None,
             bias_tokens=i64(bias_cols[1]) if bias else None,
             bias_values=f32(bias_cols[2]) if bias else None,
-            allowed_rows=i64(allowed_rows) if allowed_rows else None,
-            allowed_pairs=(i64(allowed_pair_rows), i64(allowed_tokens)) if allowed_rows else None,
+            allowed_rows=i64([r for r, _ in allowed]) if allowed else None,
+            allowed_pairs=_allowed_pairs(allowed, dev) if allowed else None,
             all_greedy=all_greedy,
             need_min_p=not all_greedy and bool((hf[2, :n] > 0).any()),
             max_logprobs=int(ints[:, 2].max(initial=-1)),
@@ -426,6 +424,13 @@ def gather_logprobs(
         return token_ids[:, None], chosen, ranks
     top_lps, top_ids = logprobs.topk(k, dim=-1)
     return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_lps], 1), ranks
+
+
+def _allowed_pairs(allowed: list[tuple[int, np.ndarray]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) index tensors of each row's allowed tokens."""
+    rows = np.repeat([r for r, _ in allowed], [len(a) for _, a in allowed])
+    tokens = np.concatenate([a for _, a in allowed])
+    return torch.from_numpy(rows).to(dev, non_blocking=True), torch.from_numpy(tokens).to(dev, non_blocking=True)
 
 
 def _pad(rows: list[list[int]], value: int) -> list[list[int]]:
