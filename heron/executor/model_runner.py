@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from heron.executor.step_broadcast import StepSender
 
 logger = logging.getLogger(__name__)
+_KV_MARGIN = 512 << 20  # bytes of the driver's free memory a KV cache capped by it leaves to the rest of start-up
 
 # On the CPU, without kv_cache_memory, the KV cache holds max_num_seqs full-length sequences up to this many
 # bytes (and always one full-length sequence): a laptop should not hold gigabytes for a small model.
@@ -216,12 +217,14 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         reserved = torch.cuda.memory_reserved(self.device)
         other_processes = total - free - reserved
-        # Cached but unused bytes that empty_cache could not return sit in segments that live tensors share: no
-        # KV cache of one piece can have them. Left out, the budget is at most what the driver has free.
-        stranded = reserved - torch.cuda.memory_allocated(self.device)
-        if stranded > 2**30:
-            logger.warning("%.2f GiB of cached GPU memory is fragmented: the KV cache leaves it out", stranded / 2**30)
-        budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes - stranded
+        budget = total * self.config.cache.gpu_memory_utilization - peak_without_kv - other_processes
+        # The KV cache is one new segment: at most what the driver has free (less a margin for what start-up
+        # allocates before it). Cached bytes that empty_cache could not return (they share segments with live
+        # tensors) cannot be part of it.
+        if budget > free - _KV_MARGIN:
+            stranded = (reserved - torch.cuda.memory_allocated(self.device)) / 2**30
+            logger.warning("the KV cache gets the driver's free memory only: %.2f GiB cached is fragmented", stranded)
+            budget = free - _KV_MARGIN
         logger.info(
             "profiled a %d-token step: peak %.2f GiB without the KV cache; %.2f GiB left for it",
             tokens,
