@@ -6,7 +6,10 @@ and text must be valid Unicode (JSON may carry a lone UTF-16 surrogate, which no
 Every numeric field states its range here, taken from `heron.sampling_params.RANGES` where SamplingParams
 checks the same field; limits that depend on the model or the server's flags (max_model_len, the
 vocabulary, --max-seqs-per-request) are checked by the serving code and written into /openapi.json by
-`limits.RequestLimits.annotate`."""
+`limits.RequestLimits.annotate`.
+
+Length: one model per wire type of completions, chat, tokenization and models, which share their field types
+and sampling fields; the Responses and embeddings APIs have their own modules."""
 
 from __future__ import annotations
 
