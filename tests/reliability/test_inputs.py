@@ -193,6 +193,7 @@ def _edge_cases(spec: dict) -> tuple[list, list]:
         wrap = {
             "prompt": lambda v: [v],
             "stop_token_ids": lambda v: [v],
+            "allowed_token_ids": lambda v: [v],
             "tokens": lambda v: [v],
             "logit_bias": lambda v: {"1": v},
         }.get(field, lambda v: v)
