@@ -25,8 +25,8 @@ class SamplingSpec:
     floats: tuple[float, float, float]  # temperature (0: greedy), top_p, min_p
     ints: tuple[int, int, int, int]  # top_k, seed, logprobs (-1: none), sample index (which of the n)
     num_prompt_tokens: int
-    params: SamplingParams  # the rarer inputs: penalties, logit_bias, allowed_token_ids, min_tokens, prompt_logprobs
-    has_extras: bool  # penalties, logit_bias, allowed_token_ids or min_tokens: inputs built per row in Python
+    params: SamplingParams  # the rarer inputs: penalties, logit_bias, token restrictions, min_tokens, prompt_logprobs
+    has_extras: bool  # penalties, logit_bias, allowed_token_ids, bad_words or min_tokens: built per row in Python
 
     @classmethod
     def of(cls, params: SamplingParams, seed: int, index: int, num_prompt_tokens: int) -> SamplingSpec:
@@ -36,7 +36,11 @@ class SamplingSpec:
             ints=(p.top_k, seed, -1 if p.logprobs is None else p.logprobs, index),
             num_prompt_tokens=num_prompt_tokens,
             params=p,
-            has_extras=p.has_penalties or bool(p.logit_bias) or bool(p.allowed_token_ids) or p.min_tokens > 0,
+            has_extras=p.has_penalties
+            or bool(p.logit_bias)
+            or bool(p.allowed_token_ids)
+            or bool(p.bad_words_token_ids)
+            or p.min_tokens > 0,
         )
 
     @property

@@ -161,6 +161,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None  # only these may be drawn (vLLM's); their logprobs stay the raw ones
+    bad_words: list[str] | None = None  # words never to write (vLLM's): each one's last token is banned after the rest
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -170,6 +171,7 @@ class SamplingParams:
     beam_search: BeamSearchParams | None = None
     # Filled in by the engine from the tokenizer / generation_config, not by users.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default=(), repr=False)  # each word's spellings
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -201,8 +203,15 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids must hold at least one token id (None: every token).")
             for t in self.allowed_token_ids:
                 TOKEN_ID.check("allowed_token_ids", t)
-            if self.beam_search is not None or self.structured_outputs is not None:
-                raise ValueError("allowed_token_ids cannot be combined with beam search or structured outputs.")
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip() for w in self.bad_words)
+        ):
+            raise ValueError(f"bad_words must be a list of words (not blank), got {self.bad_words!r}.")
+        restricted = [name for name in ("allowed_token_ids", "bad_words") if getattr(self, name) is not None]
+        if restricted and (self.beam_search is not None or self.structured_outputs is not None):
+            raise ValueError(f"{restricted[0]} cannot be combined with beam search or structured outputs.")
+        if len(restricted) == 2:
+            raise ValueError("bad_words cannot be combined with allowed_token_ids (they could ban every token).")
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids given here must name tokens of the model: one that never appears would be ignored."""

@@ -242,6 +242,8 @@ class LLMEngine:
             )
         # max_tokens left out: up to the context (as in vLLM), so every request has a known length limit
         params = replace(params, eos_token_ids=self.eos_token_ids, max_tokens=params.max_tokens or room)
+        if params.bad_words:
+            params = replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
         if (
             params.allowed_token_ids
             and params.min_tokens
@@ -329,6 +331,21 @@ class LLMEngine:
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
             self._finish_request(req)
             touched[request_id] = req
+
+    def _bad_words_token_ids(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's token ids as it starts the text and as it follows a space. The spaced spelling is kept
+        when it has as many tokens as the other: a tokenizer that marks word starts itself (SentencePiece)
+        splits a leading space off as a token of its own."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words need a tokenizer, and this engine has none.")
+        spellings: dict[tuple[int, ...], None] = {}
+        for word in words:
+            plain = tuple(self.tokenizer.encode(word.strip(), add_special_tokens=False))
+            spaced = tuple(self.tokenizer.encode(" " + word.strip(), add_special_tokens=False))
+            spellings[plain] = None
+            if len(spaced) == len(plain):
+                spellings[spaced] = None
+        return tuple(spellings)
 
     def _beam_params(self, params: SamplingParams) -> SamplingParams:
         """A beam search's params as the engine runs them: greedy draws carrying the logprobs it ranks."""

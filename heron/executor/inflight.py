@@ -38,8 +38,9 @@ class StepInputs:
 
     @property
     def read_back_now(self) -> bool:
-        """The next step needs this one's tokens on the host: an n > 1 request forks, or a row has penalties."""
-        return self.sampling.repetition_penalty is not None or max(self.num_samples, default=0) > 1
+        """The next step needs this one's tokens on the host: an n > 1 request forks, or a row has penalties or
+        bad words of several tokens."""
+        return self.sampling.needs_host_tokens or max(self.num_samples, default=0) > 1
 
 
 class Forward(NamedTuple):

@@ -95,6 +95,7 @@ class SamplingTensors:
     allowed_rows: torch.Tensor | None
     allowed_pairs: tuple[torch.Tensor, torch.Tensor] | None
     all_greedy: bool
+    needs_host_tokens: bool  # a row reads its tokens on the host (penalties, bad words): the step is read back at once
     need_min_p: bool
     max_logprobs: int  # -1: no row wants logprobs
     # Host-side summaries (None: derived from the tensors, at the cost of a device sync).
@@ -151,6 +152,9 @@ class SamplingTensors:
             bias += [(r, tok, b) for tok, b in (p.logit_bias or {}).items() if 0 <= tok < vocab]
             if positions[r] < p.min_tokens:
                 bias += [(r, tok, float("-inf")) for tok in p.all_stop_token_ids if 0 <= tok < vocab]
+            if p.bad_words_token_ids:
+                output = tokens[r][specs[r].num_prompt_tokens :]
+                bias += [(r, tok, float("-inf")) for tok in banned_tokens(p.bad_words_token_ids, output)]
             if p.allowed_token_ids:
                 allowed.append((r, p.allowed_token_array))
         bias_cols = list(zip(*bias)) if bias else None
@@ -172,6 +176,7 @@ class SamplingTensors:
             allowed_rows=i64([r for r, _ in allowed]) if allowed else None,
             allowed_pairs=_allowed_pairs(allowed, dev) if allowed else None,
             all_greedy=all_greedy,
+            needs_host_tokens=penalized or any(len(w) > 1 for p in params for w in p.bad_words_token_ids),
             need_min_p=not all_greedy and bool((hf[2, :n] > 0).any()),
             max_logprobs=int(ints[:, 2].max(initial=-1)),
             max_top_k=0 if all_greedy else int(top_k[sampled & (top_k < vocab)].max(initial=0)),
@@ -424,6 +429,12 @@ def gather_logprobs(
         return token_ids[:, None], chosen, ranks
     top_lps, top_ids = logprobs.topk(k, dim=-1)
     return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_lps], 1), ranks
+
+
+def banned_tokens(words: tuple[tuple[int, ...], ...], output: list[int]) -> list[int]:
+    """The bad words' tokens the next draw may not take: each word's last token, where the output so far ends
+    with the rest of it (a one-token word: always)."""
+    return [w[-1] for w in words if len(w) - 1 <= len(output) and output[len(output) - len(w) + 1 :] == list(w[:-1])]
 
 
 def _allowed_pairs(allowed: list[tuple[int, np.ndarray]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -215,6 +215,20 @@ def test_allowed_token_ids_bound_what_is_drawn(embedded_llm):
     assert not embedded_llm.engine.has_unfinished()
 
 
+def test_bad_words_are_never_written(embedded_llm):
+    prompt, greedy = "The capital of France is", dict(temperature=0, max_tokens=12, ignore_eos=True)
+    first = embedded_llm.generate(prompt, SamplingParams(**greedy), use_tqdm=False)[0].outputs[0]
+    word = first.text.split()[0]
+    spellings = embedded_llm.engine._bad_words_token_ids([word])
+
+    def holds(ids: list[int], s: tuple[int, ...]) -> bool:
+        return any(tuple(ids[i : i + len(s)]) == s for i in range(len(ids)))
+
+    assert any(holds(first.token_ids, s) for s in spellings)  # the word was written without the ban
+    out = embedded_llm.generate(prompt, SamplingParams(bad_words=[word], **greedy), use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 12 and not any(holds(out.token_ids, s) for s in spellings)
+
+
 def test_token_ids_outside_the_vocabulary_are_refused(embedded_llm):
     vocab = embedded_llm.engine.model_cfg.vocab_size
     for params in (SamplingParams(logit_bias={vocab: 5.0}), SamplingParams(stop_token_ids=[vocab])):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from heron.batch import SamplingSpec
-from heron.executor.sampler import Sampler, SamplingTensors, uniform_noise
+from heron.executor.sampler import Sampler, SamplingTensors, banned_tokens, uniform_noise
 from heron.sampling_params import SamplingParams, StructuredOutputsParams
 
 V = 50
@@ -114,15 +114,31 @@ def test_allowed_token_ids_restrict_their_rows_only():
     assert greedy.token_ids.item() == allowed[int(logits[0, allowed].argmax())]
 
 
+def test_bad_words_ban_their_last_token_after_the_rest():
+    words = ((5,), (7, 8, 9))
+    assert banned_tokens(words, [1, 7, 8]) == [5, 9]
+    assert banned_tokens(words, [7, 8, 1]) == [5]
+    assert banned_tokens(((7, 8, 9),), [8]) == []  # an output shorter than the word's start
+    logits = torch.zeros(1, V)
+    logits[0, 9], logits[0, 5], logits[0, 3] = 5.0, 4.0, 1.0
+    p = SamplingParams(temperature=0, bad_words_token_ids=words)
+    assert sample(logits, [p], outputs={0: [7, 8]}).token_ids.item() == 3
+    assert sample(logits, [p], outputs={0: [1, 8]}).token_ids.item() == 9
+    assert build([p]).needs_host_tokens  # a word of several tokens reads the row's tokens every step
+    assert not build([SamplingParams(bad_words_token_ids=((5,),))]).needs_host_tokens
+
+
 @pytest.mark.parametrize(
     "kwargs,says",
     [
         ({"allowed_token_ids": []}, "at least one"),
         ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
         ({"allowed_token_ids": [1], "structured_outputs": StructuredOutputsParams(regex="a")}, "cannot be combined"),
+        ({"bad_words": [" "]}, "not blank"),
+        ({"bad_words": ["a"], "allowed_token_ids": [1]}, "could ban every token"),
     ],
 )
-def test_allowed_token_ids_are_checked(kwargs, says):
+def test_token_restrictions_are_checked(kwargs, says):
     with pytest.raises(ValueError, match=says):
         SamplingParams(**kwargs)
     with pytest.raises(ValueError, match="allowed_token_ids must be token ids below the vocabulary size"):

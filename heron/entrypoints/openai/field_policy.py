@@ -34,7 +34,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "mm_processor_kwargs": "not supported: Heron serves text models",
     "media_io_kwargs": "not supported: Heron serves text models",
     "prompt_embeds": "not supported: prompts are text or token ids",
-    "bad_words": "not supported: use logit_bias",
     "spaces_between_special_tokens": "not supported: special tokens are decoded as the tokenizer joins them",
     # (/v1/embeddings declares it: this reason is the generation endpoints'.)
     "truncate_prompt_tokens": "not supported for generation: a prompt longer than max_model_len is a 400, never cut "

@@ -195,6 +195,7 @@ class SamplingRequest(IgnoredFields):
     allowed_token_ids: list[TokenId] | None = Field(
         None, min_length=1, description="Draw only these tokens (their logprobs stay the unrestricted ones)."
     )
+    bad_words: list[StopString] | None = Field(None, max_length=MAX_STOP, description="Words never to write.")
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: integer(INT64_MIN, INT64_MAX) = Field(

@@ -275,6 +275,7 @@ class OpenAIServing:
                 prompt_logprobs=prompt_logprobs,
                 logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
                 allowed_token_ids=req.allowed_token_ids,
+                bad_words=req.bad_words,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA,  # what the server sends: fragments() reads them as they come

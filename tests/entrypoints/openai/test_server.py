@@ -93,6 +93,8 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [49152]}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": "Hi", "allowed_token_ids": [49152]}, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "Hi", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "Hi", "bad_words": [" "]}, 400, "bad_words"),
+    ("/v1/completions", {"prompt": "Hi", "bad_words": ["a"], "allowed_token_ids": [5]}, 400, "bad_words"),
     (
         "/v1/chat/completions",
         {"messages": CHAT, "allowed_token_ids": [5], "guided_regex": "a"},
