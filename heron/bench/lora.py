@@ -8,7 +8,6 @@ writes random adapters for a shapes folder (--load-format dummy)."""
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -38,8 +37,6 @@ def time_generate(llm, requests: list[BenchRequest], temperature: float, sync, l
 
 def time_both(args: argparse.Namespace, requests: list[BenchRequest], make_llm: Callable, sync) -> tuple[dict, str]:
     """The adapters' arm, then the base model's; returns the metrics and the model's slug."""
-    import torch
-
     from heron.bench.cli import model_slug
     from heron.lora_request import LoRARequest
 
@@ -50,9 +47,7 @@ def time_both(args: argparse.Namespace, requests: list[BenchRequest], make_llm: 
     llm = make_llm(args)
     lora_s = time_generate(llm, requests, args.temperature, sync, round_robin)
     slug, kv_blocks = model_slug(llm), llm.engine.block_manager.num_blocks
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
+    del llm  # (a new engine's start collects it and returns its GPU memory: ModelRunner)
     llm = make_llm(argparse.Namespace(**{**vars(args), "enable_lora": False}))
     base_s = time_generate(llm, requests, args.temperature, sync)
     base_kv_blocks = llm.engine.block_manager.num_blocks
