@@ -1,5 +1,9 @@
-"""Whether an LLM's GPU memory is all released once it is deleted (as `heron bench throughput --lora-adapters`
-relies on: it builds the base model's engine after the adapters'): live CUDA tensors and what holds them."""
+"""Why the second engine of `heron bench throughput --lora-adapters` (built after the adapters' one in the same
+process) finds its KV cache's memory stranded: the bench's command runs as given, with the CUDA allocator's
+history on, and as each engine places its weights (after its start's gc.collect and empty_cache) and again as
+it sizes its KV cache, this lists the process's large segments (pool, size, in use) with where their live
+blocks were allocated, and any earlier ModelRunner still alive with what holds it.
+  python benchmarks/leak_probe.py <bench throughput arguments...>"""
 
 from __future__ import annotations
 
@@ -8,33 +12,51 @@ import sys
 
 import torch
 
-from heron.entrypoints.llm import LLM
-from heron.lora_request import LoRARequest
-from heron.sampling_params import SamplingParams
+from heron.entrypoints.cli import main
+from heron.executor.model_runner import ModelRunner
+
+GiB = 2**30
 
 
-def report(label: str) -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
+def _frames(block: dict) -> str:
+    own = [f for f in block.get("frames", []) if "/heron/" in f["filename"]][:4]
+    return " < ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in own) or "?"
+
+
+def report(label: str, runner: ModelRunner) -> None:
     print(
-        f"{label}: allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB, "
-        f"reserved {torch.cuda.memory_reserved() / 2**30:.2f} GiB"
+        f"--- {label}: allocated {torch.cuda.memory_allocated() / GiB:.2f} GiB, "
+        f"reserved {torch.cuda.memory_reserved() / GiB:.2f} GiB, driver free {torch.cuda.mem_get_info()[0] / GiB:.2f}"
     )
-    live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > 1 << 20]
-    largest = sorted(live, key=lambda t: -t.untyped_storage().nbytes())[:8]
-    for t in largest:
-        holders = [type(r).__name__ for r in gc.get_referrers(t) if r is not live and r is not largest][:6]
-        print(f"  live {tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes() / 2**20:.0f} MiB, held by {holders}")
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        if seg["total_size"] < 256 << 20:
+            continue
+        print(
+            f"  segment {seg['total_size'] / GiB:.2f} GiB, pool {seg['segment_pool_id']}, "
+            f"allocated {seg['allocated_size'] / GiB:.2f}, active {seg['active_size'] / GiB:.2f}"
+        )
+        live = [b for b in seg["blocks"] if b["state"] != "inactive" and b["size"] >= 64 << 20]
+        for b in sorted(live, key=lambda b: -b["size"])[:4]:
+            print(f"    {b['state']} {b['size'] / GiB:.2f} GiB from {_frames(b)}")
+    gc.collect()
+    for other in (o for o in gc.get_objects() if isinstance(o, ModelRunner) and o is not runner):
+        print(f"  an earlier ModelRunner is alive, held by {[type(r).__name__ for r in gc.get_referrers(other)][:8]}")
 
 
-def main(model: str, loras: str) -> None:
-    adapters = [LoRARequest(f"l{i}", i + 1, f"{loras}/lora{i}") for i in range(2)]
-    llm = LLM(model, load_format="dummy", max_model_len=2048, enable_lora=True, max_loras=2, max_lora_rank=16)
-    llm.generate([list(range(1, 64))] * 8, SamplingParams(max_tokens=8), use_tqdm=False, lora_request=adapters * 4)
-    report("with the engine")
-    del llm
-    report("after del")
+def probe(method: str) -> None:
+    original = getattr(ModelRunner, method)
+
+    def wrapped(self, *args, **kwargs):
+        report(f"before {method}", self)
+        result = original(self, *args, **kwargs)
+        report(f"after {method}", self)
+        return result
+
+    setattr(ModelRunner, method, wrapped)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    probe("_load_model")
+    probe("_profile_free_memory")
+    sys.exit(main(["bench", "throughput", *sys.argv[1:]]))
