@@ -160,8 +160,8 @@ for s in $SECTIONS; do case $s in
   lora-act) run lora-act python3 benchmarks/lora_probe.py act ;;  # issue 25: gate/up's expand inside the activation
   lora-probe) run lora-probe python3 benchmarks/lora_probe.py ;;  # issue 25: the shrink's and expand's tiles, swept
   lora-row) run lora-row python3 benchmarks/lora_probe.py row ;;  # issue 25: batch 1's GEMVs with the adapter and without
-  leak-probe)  # issue 25's record builds two engines in one process: `lora`'s offline record, with the process's
-    # GPU memory segments listed as each engine places its weights and sizes its KV cache (~2 minutes)
+  leak-probe)  # two engines in one process, as `lora`'s offline record built them before its arms got processes of
+    # their own: the process's GPU memory segments as each engine places its weights and sizes its KV cache (~2 min)
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     run leak-probe python3 benchmarks/leak_probe.py --model /tmp/shapes/qwen3-8b --load-format dummy \
         --max-model-len 4096 --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* \

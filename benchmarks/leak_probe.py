@@ -1,18 +1,25 @@
-"""Why the second engine of `heron bench throughput --lora-adapters` (built after the adapters' one in the same
-process) finds its KV cache's memory stranded: the bench's command runs as given, with the CUDA allocator's
-history on, and as each engine places its weights (after its start's gc.collect and empty_cache) and again as
-it sizes its KV cache, this lists the process's large segments (pool, size, in use) with where their live
-blocks were allocated, and any earlier ModelRunner still alive with what holds it.
-  python benchmarks/leak_probe.py <bench throughput arguments...>"""
+"""Why a second engine built in a process after a first one was deleted finds its KV cache's memory stranded
+(`heron bench throughput --lora-adapters` built its two arms so until it gave each its own process): the LoRA
+arm, then the base arm, in this process, with the CUDA allocator's history on. As each engine places its weights
+(after its start's gc.collect and empty_cache) and as it sizes its KV cache, this lists the process's large
+segments (pool, size, in use) with where their live blocks were allocated, and any earlier ModelRunner alive.
+Session 32 (H200): the first engine's 107.76 GiB KV segment, wholly free, was still cached when the second
+engine placed its weights, and no earlier ModelRunner was alive.
+  python benchmarks/leak_probe.py <bench throughput arguments with --lora-adapters...>"""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import sys
 
 import torch
 
-from heron.entrypoints.cli import main
+from heron.bench.cli import make_llm
+from heron.bench.datasets import random_token_requests
+from heron.bench.lora import time_arm
+from heron.bench.throughput import _sync
+from heron.entrypoints.cli import build_parser
 from heron.executor.model_runner import ModelRunner
 
 GiB = 2**30
@@ -59,4 +66,11 @@ if __name__ == "__main__":
     torch.cuda.memory._record_memory_history(max_entries=200_000)
     probe("_load_model")
     probe("_profile_free_memory")
-    sys.exit(main(["bench", "throughput", *sys.argv[1:]]))
+    args = build_parser().parse_args(["bench", "throughput", *sys.argv[1:]])
+    requests = random_token_requests(
+        args.num_prompts, args.input_len_range, args.output_len_range, args.seed, args.max_token_id
+    )
+    for enable_lora in (True, False):
+        arm = argparse.Namespace(**{**vars(args), "enable_lora": enable_lora})
+        seconds, blocks, _ = time_arm(arm, requests, make_llm, _sync)
+        print(f"=== {'LoRA' if enable_lora else 'base'} arm: {seconds:.2f} s, {blocks} KV-cache blocks")
