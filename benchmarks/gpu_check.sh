@@ -111,7 +111,7 @@ for s in $SECTIONS; do case $s in
   lora)  # issue 25: the gathered LoRA kernel and the engine with it against peft (float32) on the GPU, then the
     # offline Qwen3-8B workload with 8 random rank-16 adapters (every projection) assigned round robin vs the base
     # model alone, same call (`lora-qwen3-8b`, ratio_vs_base >= 0.8); the adapters from benchmarks/make_loras.py;
-    # LORA_RECORDS_ONLY=1 skips the tests (~4 minutes; the records alone take ~5)
+    # LORA_RECORDS_ONLY=1 skips the tests (~4 minutes; the records alone take ~5), LORA_OFFLINE_ONLY=1 the batch-1 pair
     python3 benchmarks/make_loras.py /tmp/shapes/qwen3-8b /tmp/loras-qwen3-8b --num 8 --rank 16 > /dev/null
     [ "${LORA_RECORDS_ONLY:-0}" != 1 ] && run lora-tests python3 -m pytest -q -p no:cacheprovider \
         tests/kernels/test_lora.py tests/layers/test_lora.py tests/entrypoints/test_llm_lora.py \
@@ -119,6 +119,7 @@ for s in $SECTIONS; do case $s in
     run lora-qwen3-8b heron bench throughput --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
         --enable-lora --max-loras 8 --max-lora-rank 16 --lora-adapters /tmp/loras-qwen3-8b/lora* --no-limit \
         --save-result --result-name lora-qwen3-8b
+    [ "${LORA_OFFLINE_ONLY:-0}" = 1 ] && continue  # the offline pair alone
     # batch-1 decode with one adapter against the base model (issue 25: <= 15% more ms/token)
     run latency-qwen3-8b heron bench latency --model /tmp/shapes/qwen3-8b --load-format dummy --max-model-len 4096 \
         --save-result --result-name latency-qwen3-8b-bs1
